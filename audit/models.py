@@ -1,0 +1,39 @@
+from django.conf import settings
+from django.db import models
+
+
+class AuditEvent(models.Model):
+    """One decision, in a hash chain: ``hash`` covers this event's canonical form and the
+    previous event's hash, so an edited, deleted, inserted or reordered row breaks the chain.
+
+    Rows are append-only: the application never updates or deletes them, and a database
+    trigger (see the migrations) refuses it.
+    """
+
+    seq = models.BigIntegerField(unique=True)
+    created_at = models.DateTimeField()
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # Kept as text too, so the record reads right even for system actors (beat, agents).
+    actor_label = models.CharField(max_length=150)
+    tenant = models.ForeignKey(
+        "tenants.Tenant", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    action = models.CharField(max_length=80, db_index=True)
+    object_type = models.CharField(max_length=80, blank=True)
+    object_id = models.CharField(max_length=64, blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        ordering = ["seq"]
+        indexes = [
+            models.Index(fields=["created_at"]),
+            models.Index(fields=["object_type", "object_id"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.action} {self.object_type}:{self.object_id} by {self.actor_label}"

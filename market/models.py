@@ -1,0 +1,233 @@
+"""Tiers, policy versions, rounds, bids and allocations. Money is integer milli-credits;
+prices are milli-credits per GPU-hour."""
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+
+class Tier(models.Model):
+    """A pool of like GPUs. Reserve prices and share caps live in the policy version."""
+
+    slug = models.SlugField(max_length=40, unique=True)
+    name = models.CharField(max_length=120)
+    gpu_model = models.CharField(max_length=120, blank=True)
+    # Healthy GPUs registered in this tier; kept current by telemetry, or set by an admin for a
+    # tier with no registered nodes.
+    capacity = models.PositiveIntegerField(default=0)
+    maintenance_gpus = models.PositiveIntegerField(default=0)
+    preemptible = models.BooleanField(default=False)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def offered(self) -> int:
+        """GPUs offered to the next round: healthy capacity less maintenance."""
+        return max(self.capacity - self.maintenance_gpus, 0)
+
+
+class PolicyVersion(models.Model):
+    """One version of the market policy. Exactly one is active; a candidate may run in shadow.
+
+    Versions are never edited once created: a change (or a rollback) is a new version whose
+    ``parent`` is the one it came from, so history stays linear and reversible.
+    """
+
+    class Mechanism(models.TextChoices):
+        WELFARE = "welfare", "Welfare (uniform price per tier)"
+        FISHER = "fisher", "Fisher market (Eisenberg-Gale)"
+        MAXMIN = "maxmin", "Weighted max-min fairness"
+
+    class Status(models.TextChoices):
+        DRAFT = "draft", "Draft"
+        ACTIVE = "active", "Active"
+        SHADOW = "shadow", "Shadow"
+        RETIRED = "retired", "Retired"
+
+    number = models.PositiveIntegerField(unique=True)
+    mechanism = models.CharField(max_length=20, choices=Mechanism.choices, default=Mechanism.WELFARE)
+    params = models.JSONField(default=dict, blank=True)
+    # {tier slug: milli-credits per GPU-hour}; a tier missing here has reserve 0.
+    reserve_prices = models.JSONField(default=dict, blank=True)
+    # {tier slug: max fraction of the tier one tenant may win, as a percentage 1..100}.
+    max_share_pct = models.JSONField(default=dict, blank=True)
+    round_minutes = models.PositiveIntegerField(default=60)
+    # Bidding for a round closes this long before its window starts.
+    lead_minutes = models.PositiveIntegerField(default=0)
+    # Limits that trigger an automatic rollback (see DESIGN.md "Policy versions").
+    guardrails = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.DRAFT)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT)
+    note = models.CharField(max_length=300, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    activated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["status"], condition=Q(status="active"), name="policy_one_active"
+            ),
+            models.UniqueConstraint(
+                fields=["status"], condition=Q(status="shadow"), name="policy_one_shadow"
+            ),
+            models.CheckConstraint(condition=Q(round_minutes__gte=1), name="policy_round_minutes_min"),
+        ]
+
+    def __str__(self) -> str:
+        return f"v{self.number} {self.mechanism} ({self.status})"
+
+    def reserve_for(self, tier_slug: str) -> int:
+        return int(self.reserve_prices.get(tier_slug, 0))
+
+    def max_share_for(self, tier_slug: str) -> int:
+        return int(self.max_share_pct.get(tier_slug, 100))
+
+
+class Round(models.Model):
+    """The auction for one allocation window [starts_at, ends_at)."""
+
+    class Status(models.TextChoices):
+        OPEN = "open", "Open for bids"
+        CLOSED = "closed", "Bidding closed"
+        CLEARED = "cleared", "Cleared"
+        SETTLED = "settled", "Settled"
+        FINISHED = "finished", "Finished"
+        FAILED = "failed", "Failed"
+        VOIDED = "voided", "Voided"
+
+    policy = models.ForeignKey(PolicyVersion, on_delete=models.PROTECT, related_name="rounds")
+    shadow_policy = models.ForeignKey(
+        PolicyVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="shadow_rounds"
+    )
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.OPEN)
+    opens_at = models.DateTimeField()
+    closes_at = models.DateTimeField()
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    # Filled by clearing: {tier slug: capacity offered}, {tier slug: milli-credits/GPU-hour},
+    # the solver's diagnostics, and the shadow policy's outcome for comparison.
+    capacities = models.JSONField(default=dict, blank=True)
+    prices = models.JSONField(default=dict, blank=True)
+    diagnostics = models.JSONField(default=dict, blank=True)
+    shadow_result = models.JSONField(null=True, blank=True)
+    revenue = models.BigIntegerField(default=0)
+    failure_reason = models.CharField(max_length=500, blank=True)
+    cleared_at = models.DateTimeField(null=True, blank=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-starts_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["starts_at"], name="round_unique_window_start"),
+            models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="round_window_positive"),
+            models.CheckConstraint(condition=Q(closes_at__lte=F("starts_at")), name="round_closes_before_start"),
+        ]
+        indexes = [models.Index(fields=["status", "closes_at"])]
+
+    def __str__(self) -> str:
+        return f"round {self.pk} [{self.starts_at:%Y-%m-%d %H:%M}, {self.ends_at:%H:%M}) {self.status}"
+
+    @property
+    def hours(self) -> float:
+        return (self.ends_at - self.starts_at).total_seconds() / 3600
+
+
+class Bid(models.Model):
+    class Status(models.TextChoices):
+        OPEN = "open", "Open"
+        CANCELLED = "cancelled", "Cancelled"
+        WON = "won", "Won"
+        LOST = "lost", "Lost"
+        REFUNDED = "refunded", "Refunded"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="bids")
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="bids")
+    round = models.ForeignKey(Round, on_delete=models.PROTECT, related_name="bids")
+    campaign = models.ForeignKey(
+        "tenants.Campaign", null=True, blank=True, on_delete=models.PROTECT, related_name="bids"
+    )
+    quantity = models.PositiveIntegerField()
+    # Gang minimum: all or nothing below it. 0 = any quantity up to ``quantity`` is useful.
+    min_quantity = models.PositiveIntegerField(default=0)
+    # Milli-credits currently held in escrow for this bid.
+    escrow = models.BigIntegerField(default=0)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.OPEN)
+    note = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(quantity__gte=1), name="bid_quantity_positive"),
+            models.CheckConstraint(condition=Q(min_quantity__lte=F("quantity")), name="bid_min_le_quantity"),
+            models.CheckConstraint(condition=Q(escrow__gte=0), name="bid_escrow_not_negative"),
+        ]
+        indexes = [models.Index(fields=["round", "status"])]
+
+    def __str__(self) -> str:
+        return f"bid {self.pk} {self.tenant_id} x{self.quantity} ({self.status})"
+
+
+class BidLimit(models.Model):
+    """The most a bid will pay on one tier, milli-credits per GPU-hour. No row = not acceptable."""
+
+    bid = models.ForeignKey(Bid, on_delete=models.CASCADE, related_name="limits")
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="+")
+    price = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["bid", "tier"], name="bidlimit_unique_tier"),
+            models.CheckConstraint(condition=Q(price__gt=0), name="bidlimit_price_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tier.slug} <= {self.price}"
+
+
+class Allocation(models.Model):
+    """GPUs won by a bid on one tier for the round's window."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        PAUSED = "paused", "Paused"
+        PREEMPTED = "preempted", "Preempted"
+        FINISHED = "finished", "Finished"
+        REVOKED = "revoked", "Revoked"
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="allocations")
+    round = models.ForeignKey(Round, on_delete=models.PROTECT, related_name="allocations")
+    bid = models.ForeignKey(Bid, on_delete=models.PROTECT, related_name="allocations")
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="allocations")
+    gpus = models.PositiveIntegerField()
+    # What this allocation pays: min(tier price, the bid's limit), per GPU-hour; and in total.
+    price = models.BigIntegerField()
+    charge = models.BigIntegerField()
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-starts_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["bid", "tier"], name="allocation_unique_bid_tier"),
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="allocation_gpus_positive"),
+            models.CheckConstraint(condition=Q(charge__gte=0), name="allocation_charge_not_negative"),
+        ]
+        indexes = [models.Index(fields=["status", "ends_at"])]
+
+    def __str__(self) -> str:
+        return f"allocation {self.pk}: {self.gpus}x {self.tier.slug} for {self.tenant_id}"

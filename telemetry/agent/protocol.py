@@ -1,0 +1,228 @@
+"""The wire protocol between a node agent and the ingest endpoint.
+
+Everything the agent sends or receives is one of these frozen records; `to_wire` turns them
+into the JSON shapes documented in docs/telemetry-protocol.md, `directive_parse` validates
+what the server sends back. Units are in the field names (MiB, W, J, degrees C, percent).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+AGENT_VERSION = "0.1.0"
+INGEST_PATH = "/api/v1/telemetry/ingest"
+
+ProcessState = Literal["running", "stopped"]
+Action = Literal["pause", "resume", "terminate"]
+Outcome = Literal["done", "gone", "failed"]
+
+ACTIONS: frozenset[str] = frozenset({"pause", "resume", "terminate"})
+# Used when the server leaves grace_seconds out: long enough for a training job to write a
+# checkpoint on SIGTERM, short enough that a preemption does not hold a GPU for long.
+DEFAULT_GRACE_SECONDS = 30
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _iso(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        raise ValueError("timestamps on the wire must carry a timezone")
+    return moment.isoformat()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    uuid: str
+    index: int
+    name: str
+    memory_total_mib: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "index": self.index,
+            "name": self.name,
+            "memory_total_mib": self.memory_total_mib,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One compute process on a GPU, already mapped to the work it belongs to."""
+
+    pid: int
+    memory_mib: int
+    allocation: int | None
+    slurm_job: str | None
+    pod: str | None
+    state: ProcessState
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "memory_mib": self.memory_mib,
+            "allocation": self.allocation,
+            "slurm_job": self.slurm_job,
+            "pod": self.pod,
+            "state": self.state,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One reading of one GPU.
+
+    `energy_j` is a cumulative counter (joules since the driver, or the agent, started);
+    the server turns consecutive readings into energy used, and a decrease means a reset.
+    """
+
+    gpu: str
+    at: datetime
+    utilization_pct: int
+    memory_used_mib: int
+    memory_total_mib: int
+    power_w: float
+    temperature_c: float
+    energy_j: float
+    processes: tuple[ProcessSample, ...] = ()
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu,
+            "at": _iso(self.at),
+            "utilization_pct": self.utilization_pct,
+            "memory_used_mib": self.memory_used_mib,
+            "memory_total_mib": self.memory_total_mib,
+            "power_w": self.power_w,
+            "temperature_c": self.temperature_c,
+            "energy_j": self.energy_j,
+            "processes": [process.to_wire() for process in self.processes],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DirectiveResult:
+    id: int
+    outcome: Outcome
+    detail: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "outcome": self.outcome, "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One POST body, frozen when built so that a retry resends the same content.
+
+    Only `sent_at` changes between attempts: it is the moment of the attempt, so that the
+    server can judge clock skew even for a batch that waited in the backlog.
+    """
+
+    backend: str
+    hostname: str
+    gpus: tuple[GpuInfo, ...]
+    samples: tuple[GpuSample, ...]
+    directive_results: tuple[DirectiveResult, ...] = ()
+    batch_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+
+    def to_wire(self, *, sent_at: datetime) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id,
+            "sent_at": _iso(sent_at),
+            "backend": self.backend,
+            "agent_version": AGENT_VERSION,
+            "hostname": self.hostname,
+            "gpus": [gpu.to_wire() for gpu in self.gpus],
+            "samples": [sample.to_wire() for sample in self.samples],
+            "directive_results": [result.to_wire() for result in self.directive_results],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Directive:
+    id: int
+    action: Action
+    gpu: str | None
+    pid: int | None
+    allocation: int | None
+    slurm_job: str | None
+    pod: str | None
+    namespace: str | None
+    grace_seconds: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedProcess:
+    """A process the agent reported in its latest sample, with the GPU it was seen on.
+
+    Executors act only on work the agent has itself observed, so a wrong or forged
+    directive cannot make a root agent signal an arbitrary process on the host.
+    """
+
+    gpu: str
+    process: ProcessSample
+
+
+class DirectiveInvalid(ValueError):
+    """The server sent a directive this agent cannot act on; `directive_id` if it had one."""
+
+    def __init__(self, message: str, *, directive_id: int | None) -> None:
+        super().__init__(message)
+        self.directive_id = directive_id
+
+
+def _optional_int(raw: Mapping[str, Any], key: str) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be an integer or null, not {value!r}")
+    return value
+
+
+def _optional_str(raw: Mapping[str, Any], key: str) -> str | None:
+    value = raw.get(key)
+    if value is None or value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        # Slurm job ids are numbers; accept a server that sends them unquoted.
+        return str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string or null, not {value!r}")
+    return value
+
+
+def directive_parse(raw: object) -> Directive:
+    """Validate one entry of the response's `directives` list."""
+    if not isinstance(raw, Mapping):
+        raise DirectiveInvalid(f"directive is not an object: {raw!r}", directive_id=None)
+    directive_id = raw.get("id")
+    if isinstance(directive_id, bool) or not isinstance(directive_id, int):
+        raise DirectiveInvalid(f"directive has no integer id: {raw!r}", directive_id=None)
+    action = raw.get("action")
+    if action not in ACTIONS:
+        raise DirectiveInvalid(f"unknown action {action!r}", directive_id=directive_id)
+    try:
+        grace = _optional_int(raw, "grace_seconds")
+        directive = Directive(
+            id=directive_id,
+            action=action,
+            gpu=_optional_str(raw, "gpu"),
+            pid=_optional_int(raw, "pid"),
+            allocation=_optional_int(raw, "allocation"),
+            slurm_job=_optional_str(raw, "slurm_job"),
+            pod=_optional_str(raw, "pod"),
+            namespace=_optional_str(raw, "namespace"),
+            grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else max(grace, 0),
+            reason=str(raw.get("reason") or ""),
+        )
+    except ValueError as exc:
+        raise DirectiveInvalid(str(exc), directive_id=directive_id) from exc
+    return directive

@@ -1,0 +1,226 @@
+"""A node of simulated GPUs whose work is made of real OS processes.
+
+The GPUs are fake; the processes are not. A process belongs to simulated GPU `i` of node
+`n` when its environment carries GPUMARKET_SIM_NODE=n and GPUMARKET_SIM_GPU=i, and its
+"GPU utilisation" is the CPU it burnt since the previous sample. So when an executor stops
+a process with SIGSTOP, its utilisation really drops to zero, and the demo's charts show
+enforcement happening rather than a scripted curve.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+
+from telemetry.agent.energy import EnergyMeter
+from telemetry.agent.procmap import (
+    ALLOCATION_ENV,
+    CLOCK_TICKS_PER_SECOND,
+    PROC,
+    ProcessInfo,
+    pids_list,
+    process_describe,
+    uptime_read,
+)
+from telemetry.agent.protocol import GpuInfo, GpuSample, ProcessSample, utcnow
+
+logger = logging.getLogger(__name__)
+
+SIM_NODE_ENV = "GPUMARKET_SIM_NODE"
+SIM_GPU_ENV = "GPUMARKET_SIM_GPU"
+SIM_MEM_ENV = "GPUMARKET_SIM_MEM_MIB"
+SIM_DUTY_ENV = "GPUMARKET_SIM_DUTY"
+
+DEFAULT_MEM_MIB = 4096
+SIMULATED_GPU_NAME = "Simulated GPU (simulated)"
+
+# The worker busies the CPU for `duty` of every 100 ms and sleeps the rest. It exits as
+# soon as its parent is gone, so a crashed test or demo never leaves workers spinning.
+_WORK_CODE = """
+import os, time
+duty = min(max(float(os.environ.get("GPUMARKET_SIM_DUTY", "0.5")), 0.0), 1.0)
+parent = os.getppid()
+period = 0.1
+while os.getppid() == parent:
+    busy_until = time.monotonic() + period * duty
+    while time.monotonic() < busy_until:
+        pass
+    time.sleep(period * (1.0 - duty))
+"""
+
+
+def spawn_simulated_work(
+    node: str,
+    gpu: int,
+    *,
+    allocation: int | None = None,
+    mem_mib: int = DEFAULT_MEM_MIB,
+    duty: float = 0.5,
+    extra_env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start a real, lightly busy process that the simulated backend of `node` sees on `gpu`.
+
+    It runs in its own session (and so its own process group), like a batch job would, so
+    the signal executor's group-wide signals reach it and never the caller.
+    """
+    env = dict(os.environ)
+    env.update(
+        {
+            SIM_NODE_ENV: node,
+            SIM_GPU_ENV: str(gpu),
+            SIM_MEM_ENV: str(mem_mib),
+            SIM_DUTY_ENV: str(duty),
+        }
+    )
+    if allocation is not None:
+        env[ALLOCATION_ENV] = str(allocation)
+    if extra_env:
+        env.update(extra_env)
+    return subprocess.Popen(
+        [sys.executable, "-c", _WORK_CODE],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+class SimulatedBackend:
+    name = "simulated"
+
+    def __init__(
+        self,
+        node_name: str,
+        *,
+        gpus: int = 4,
+        memory_total_mib: int = 81920,
+        idle_power_w: float = 60.0,
+        max_power_w: float = 400.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = utcnow,
+        proc: Path = PROC,
+    ) -> None:
+        if gpus < 1:
+            raise ValueError("a simulated node needs at least one GPU")
+        self._node = node_name
+        self._memory_total_mib = memory_total_mib
+        self._idle_power_w = idle_power_w
+        self._max_power_w = max_power_w
+        self._clock = clock
+        self._wall = wall
+        self._proc = proc
+        self._gpus = tuple(
+            GpuInfo(
+                uuid=f"GPU-SIM-{node_name}-{index}",
+                index=index,
+                name=SIMULATED_GPU_NAME,
+                memory_total_mib=memory_total_mib,
+            )
+            for index in range(gpus)
+        )
+        self._meters = {gpu.uuid: EnergyMeter() for gpu in self._gpus}
+        # (pid, start time) -> (CPU seconds, monotonic time) at the previous sample; the
+        # start time keeps a recycled pid from inheriting another process's history.
+        self._cpu_seen: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def gpus(self) -> tuple[GpuInfo, ...]:
+        return self._gpus
+
+    def close(self) -> None:
+        self._cpu_seen.clear()
+
+    def sample(self) -> tuple[GpuSample, ...]:
+        now = self._clock()
+        at = self._wall()
+        per_gpu: dict[int, list[tuple[ProcessSample, float]]] = {g.index: [] for g in self._gpus}
+        cpu_seen: dict[tuple[int, int], tuple[float, float]] = {}
+        for info in self._tagged_processes():
+            index = int(info.environ[SIM_GPU_ENV])
+            key = (info.pid, info.start_ticks)
+            utilization = self._utilization_pct(info, previous=self._cpu_seen.get(key), now=now)
+            cpu_seen[key] = (info.cpu_seconds, now)
+            process = ProcessSample(
+                pid=info.pid,
+                memory_mib=_int_env(info.environ, SIM_MEM_ENV, DEFAULT_MEM_MIB),
+                allocation=info.allocation,
+                slurm_job=info.slurm_job,
+                pod=info.pod,
+                state=info.state,
+            )
+            per_gpu[index].append((process, utilization))
+        self._cpu_seen = cpu_seen
+        return tuple(self._gpu_sample(gpu, per_gpu[gpu.index], at=at, now=now) for gpu in self._gpus)
+
+    def _tagged_processes(self) -> list[ProcessInfo]:
+        found = []
+        for pid in pids_list(proc=self._proc):
+            info = process_describe(pid, proc=self._proc)
+            if info is None or info.environ.get(SIM_NODE_ENV) != self._node:
+                continue
+            index = _int_env(info.environ, SIM_GPU_ENV, -1)
+            if not 0 <= index < len(self._gpus):
+                logger.warning(
+                    "pid %d names simulated GPU %r, which node %s does not have",
+                    pid,
+                    info.environ.get(SIM_GPU_ENV),
+                    self._node,
+                )
+                continue
+            found.append(info)
+        return found
+
+    def _utilization_pct(
+        self, info: ProcessInfo, *, previous: tuple[float, float] | None, now: float
+    ) -> float:
+        """Percent of one CPU used since the previous sample (lifetime average when new)."""
+        if info.state == "stopped":
+            return 0.0
+        if previous is not None:
+            cpu_before, at_before = previous
+            elapsed = now - at_before
+            used = info.cpu_seconds - cpu_before
+        else:
+            elapsed = uptime_read(proc=self._proc) - info.start_ticks / CLOCK_TICKS_PER_SECOND
+            used = info.cpu_seconds
+        if elapsed <= 0:
+            return 0.0
+        return min(max(used / elapsed * 100.0, 0.0), 100.0)
+
+    def _gpu_sample(
+        self,
+        gpu: GpuInfo,
+        processes: list[tuple[ProcessSample, float]],
+        *,
+        at: datetime,
+        now: float,
+    ) -> GpuSample:
+        utilization = round(min(sum(share for _, share in processes), 100.0))
+        # A simple linear power model and a temperature that follows it: enough for the
+        # charts to move with the work, and obviously not a measurement.
+        power_w = self._idle_power_w + (self._max_power_w - self._idle_power_w) * utilization / 100
+        memory_used = sum(process.memory_mib for process, _ in processes)
+        return GpuSample(
+            gpu=gpu.uuid,
+            at=at,
+            utilization_pct=utilization,
+            memory_used_mib=min(memory_used, self._memory_total_mib),
+            memory_total_mib=self._memory_total_mib,
+            power_w=round(power_w, 1),
+            temperature_c=round(32.0 + 0.5 * utilization, 1),
+            energy_j=round(self._meters[gpu.uuid].add(power_w=power_w, at_monotonic=now), 3),
+            processes=tuple(process for process, _ in processes),
+        )
+
+
+def _int_env(environ: Mapping[str, str], key: str, default: int) -> int:
+    try:
+        return int(environ.get(key, default))
+    except ValueError:
+        return default

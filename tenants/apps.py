@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class TenantsConfig(AppConfig):
+    name = "tenants"
+    verbose_name = "Tenants and credits"

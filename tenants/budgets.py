@@ -1,0 +1,263 @@
+"""Budgets: caps on charges over a window. One question for the rest of the platform:
+"may this tenant commit X more credits now?" (``budget_check``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Q, QuerySet, Sum
+from django.utils import timezone
+
+import audit.services as audit
+from tenants.errors import TenantError
+from tenants.ledger import amount_validate, credits
+from tenants.models import Budget, Campaign, Notification, Tenant, Transfer
+
+ALERT_THRESHOLDS = (50, 80, 100)
+
+
+def window_bounds(*, budget: Budget, at: datetime) -> tuple[datetime, datetime]:
+    """The [start, end) of the budget's window containing ``at`` (calendar windows in UTC)."""
+    if budget.window == Budget.Window.CAMPAIGN:
+        return budget.campaign.starts_at, budget.campaign.ends_at
+    at = at.astimezone(UTC)
+    day = at.replace(hour=0, minute=0, second=0, microsecond=0)
+    if budget.window == Budget.Window.DAY:
+        return day, day + timedelta(days=1)
+    if budget.window == Budget.Window.WEEK:
+        start = day - timedelta(days=day.weekday())
+        return start, start + timedelta(days=7)
+    start = day.replace(day=1)
+    end = (start + timedelta(days=32)).replace(day=1)
+    return start, end
+
+
+@dataclass(frozen=True)
+class BudgetUsage:
+    budget: Budget
+    window_start: datetime
+    window_end: datetime
+    spent: int  # charges minus refunds in the window, milli-credits
+    held: int  # escrow currently held against it, milli-credits
+
+    @property
+    def committed(self) -> int:
+        return self.spent + self.held
+
+    @property
+    def remaining(self) -> int:
+        return max(self.budget.cap - self.committed, 0)
+
+    @property
+    def spent_pct(self) -> float:
+        return 100.0 * self.spent / self.budget.cap if self.budget.cap else 100.0
+
+    @property
+    def exhausted(self) -> bool:
+        return self.spent >= self.budget.cap
+
+
+def _tenant_transfers(budget: Budget) -> QuerySet[Transfer]:
+    qs = Transfer.objects.filter(tenant_id=budget.tenant_id)
+    if budget.campaign_id is not None:
+        qs = qs.filter(campaign_id=budget.campaign_id)
+    return qs
+
+
+def _sum(qs: QuerySet[Transfer]) -> int:
+    return qs.aggregate(s=Sum("amount"))["s"] or 0
+
+
+def budget_usage(*, budget: Budget, at: datetime | None = None) -> BudgetUsage:
+    at = at or timezone.now()
+    start, end = window_bounds(budget=budget, at=at)
+    transfers = _tenant_transfers(budget)
+    in_window = transfers.filter(created_at__gte=start, created_at__lt=end)
+    spent = _sum(in_window.filter(kind=Transfer.Kind.CHARGE)) - _sum(
+        in_window.filter(kind=Transfer.Kind.REFUND)
+    )
+    # Escrow still held (holds not yet released or charged), whenever it was placed.
+    held = (
+        _sum(transfers.filter(kind=Transfer.Kind.HOLD))
+        - _sum(transfers.filter(kind__in=[Transfer.Kind.RELEASE, Transfer.Kind.CHARGE]))
+    )
+    return BudgetUsage(
+        budget=budget, window_start=start, window_end=end, spent=spent, held=max(held, 0)
+    )
+
+
+def budgets_applicable(*, tenant: Tenant, campaign: Campaign | None, at: datetime) -> list[Budget]:
+    scope = Q(campaign__isnull=True)
+    if campaign is not None:
+        scope |= Q(campaign=campaign)
+    budgets = Budget.objects.filter(scope, tenant=tenant, active=True).select_related("campaign")
+    return [
+        b for b in budgets if b.campaign_id is None or b.campaign.starts_at <= at < b.campaign.ends_at
+    ]
+
+
+@dataclass(frozen=True)
+class BudgetDecision:
+    allowed: bool
+    reason: str = ""
+
+
+def budget_check(
+    *, tenant: Tenant, amount: int, campaign: Campaign | None = None, at: datetime | None = None
+) -> BudgetDecision:
+    """May ``tenant`` commit ``amount`` more milli-credits now?
+
+    ``safe`` budgets refuse a commitment that could break the cap (spent + held + amount);
+    ``hard`` budgets refuse once the cap is reached; ``soft`` budgets never refuse.
+    """
+    amount_validate(amount)
+    at = at or timezone.now()
+    if campaign is not None and not (campaign.starts_at <= at < campaign.ends_at):
+        return BudgetDecision(False, f"campaign {campaign.name!r} is not running now")
+    for budget in budgets_applicable(tenant=tenant, campaign=campaign, at=at):
+        usage = budget_usage(budget=budget, at=at)
+        label = budget.campaign.name if budget.campaign_id else f"{budget.window}ly"
+        if budget.mode == Budget.Mode.SAFE and usage.committed + amount > budget.cap:
+            return BudgetDecision(
+                False,
+                f"the {label} budget would be exceeded: cap {credits(budget.cap)}, already "
+                f"committed {credits(usage.committed)}, this needs {credits(amount)} "
+                f"(at most {credits(usage.remaining)} more fits)",
+            )
+        if budget.mode == Budget.Mode.HARD and usage.exhausted:
+            return BudgetDecision(
+                False,
+                f"the {label} hard cap of {credits(budget.cap)} is reached "
+                f"(spent {credits(usage.spent)}); bidding resumes when the window rolls over "
+                "or an admin raises the cap",
+            )
+    return BudgetDecision(True)
+
+
+def tenant_hard_capped(*, tenant: Tenant, at: datetime | None = None) -> Budget | None:
+    """The hard budget this tenant has reached now, if any (the enforcement loop pauses it)."""
+    at = at or timezone.now()
+    for budget in budgets_applicable(tenant=tenant, campaign=None, at=at):
+        if budget.mode == Budget.Mode.HARD and budget_usage(budget=budget, at=at).exhausted:
+            return budget
+    # Campaign hard caps apply to that campaign's work only; the caller checks those itself.
+    return None
+
+
+@transaction.atomic
+def budget_set(
+    *,
+    tenant: Tenant,
+    window: str,
+    mode: str,
+    cap: int,
+    actor: AbstractBaseUser | None,
+    campaign: Campaign | None = None,
+) -> Budget:
+    """Create or change the tenant's budget for a window (one active budget per window/campaign)."""
+    if window not in Budget.Window.values:
+        raise TenantError(f"window must be one of {Budget.Window.values}, got {window!r}")
+    if mode not in Budget.Mode.values:
+        raise TenantError(f"mode must be one of {Budget.Mode.values}, got {mode!r}")
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+        raise TenantError(f"cap must be a whole number of milli-credits >= 0, got {cap!r}")
+    if (window == Budget.Window.CAMPAIGN) != (campaign is not None):
+        raise TenantError("a campaign budget needs a campaign, and only campaign budgets take one")
+    if campaign is not None and campaign.tenant_id != tenant.pk:
+        raise TenantError(f"campaign {campaign.name!r} does not belong to {tenant.slug!r}")
+    existing = (
+        Budget.objects.select_for_update()
+        .filter(tenant=tenant, window=window, campaign=campaign, active=True)
+        .first()
+    )
+    before = None
+    if existing is not None:
+        before = {"mode": existing.mode, "cap": existing.cap}
+        existing.mode, existing.cap = mode, cap
+        existing.save(update_fields=["mode", "cap"])
+        budget = existing
+    else:
+        budget = Budget.objects.create(
+            tenant=tenant, window=window, mode=mode, cap=cap, campaign=campaign
+        )
+    audit.record(
+        actor=actor,
+        action="budget.set",
+        target=budget,
+        tenant=tenant,
+        before=before,
+        after={"window": window, "mode": mode, "cap": cap, "campaign": campaign.pk if campaign else None},
+    )
+    return budget
+
+
+@transaction.atomic
+def campaign_create(
+    *, tenant: Tenant, name: str, starts_at: datetime, ends_at: datetime, actor: AbstractBaseUser | None
+) -> Campaign:
+    name = (name or "").strip()
+    if not name:
+        raise TenantError("a campaign needs a name")
+    if timezone.is_naive(starts_at) or timezone.is_naive(ends_at):
+        raise TenantError("campaign start and end must be timezone-aware")
+    if ends_at <= starts_at:
+        raise TenantError("a campaign must end after it starts")
+    if Campaign.objects.filter(tenant=tenant, name=name).exists():
+        raise TenantError(f"campaign {name!r} already exists in {tenant.slug}")
+    campaign = Campaign.objects.create(tenant=tenant, name=name, starts_at=starts_at, ends_at=ends_at)
+    audit.record(
+        actor=actor,
+        action="campaign.create",
+        target=campaign,
+        tenant=tenant,
+        after={"name": name, "starts_at": starts_at.isoformat(), "ends_at": ends_at.isoformat()},
+    )
+    return campaign
+
+
+def budget_alerts_raise(*, tenant: Tenant, at: datetime | None = None) -> list[Notification]:
+    """Store one notification per budget, window and crossed threshold (50/80/100 %).
+
+    Idempotent: the dedupe key makes a second call in the same window a no-op.
+    """
+    at = at or timezone.now()
+    created: list[Notification] = []
+    for budget in budgets_applicable(tenant=tenant, campaign=None, at=at) + list(
+        Budget.objects.filter(tenant=tenant, active=True, campaign__isnull=False)
+        .select_related("campaign")
+        .filter(campaign__starts_at__lte=at, campaign__ends_at__gt=at)
+    ):
+        usage = budget_usage(budget=budget, at=at)
+        for threshold in ALERT_THRESHOLDS:
+            if usage.spent_pct < threshold:
+                break
+            key = f"budget:{budget.pk}:{usage.window_start.date().isoformat()}:{threshold}"
+            with transaction.atomic():
+                notification, made = Notification.objects.get_or_create(
+                    dedupe_key=key,
+                    defaults={
+                        "tenant": tenant,
+                        "level": Notification.Level.CRITICAL
+                        if threshold == 100
+                        else Notification.Level.WARNING,
+                        "kind": "budget",
+                        "message": (
+                            f"{budget.get_window_display()} budget at {usage.spent_pct:.0f}%: "
+                            f"spent {credits(usage.spent)} of {credits(budget.cap)}"
+                            + (" (hard cap: work is paused)" if threshold == 100 and budget.mode == Budget.Mode.HARD else "")
+                        ),
+                    },
+                )
+                if made:
+                    audit.record(
+                        actor="system",
+                        action="budget.alert",
+                        target=notification,
+                        tenant=tenant,
+                        after={"budget": budget.pk, "threshold": threshold, "spent": usage.spent},
+                    )
+                    created.append(notification)
+    return created

@@ -1,0 +1,342 @@
+"""The double-entry credit ledger: every write to a balance goes through here.
+
+Amounts are integer milli-credits (1 credit = 1000). A transfer moves an amount from one
+account to another and writes two entries summing to zero. Balance changes lock the two
+account rows with ``select_for_update`` in primary-key order, so concurrent requests
+serialise on the rows they touch and can never overdraw a tenant account; the database
+check constraint is the last line behind that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+import audit.services as audit
+from tenants.errors import TenantError
+from tenants.models import Account, Campaign, Entry, LedgerOperation, Tenant, Transfer
+
+MILLI = 1000
+# 10^12 credits: far above any real grant, far below BigInteger overflow when summed.
+MAX_AMOUNT = 10**15
+
+Kind = Account.Kind
+
+# transfer kind -> (source account kind, destination account kind)
+_ROUTES: dict[str, tuple[str, str]] = {
+    Transfer.Kind.GRANT: (Kind.ISSUANCE, Kind.AVAILABLE),
+    Transfer.Kind.HOLD: (Kind.AVAILABLE, Kind.ESCROW),
+    Transfer.Kind.RELEASE: (Kind.ESCROW, Kind.AVAILABLE),
+    Transfer.Kind.CHARGE: (Kind.ESCROW, Kind.REVENUE),
+    Transfer.Kind.REFUND: (Kind.REVENUE, Kind.AVAILABLE),
+}
+
+
+def credits(amount: int) -> str:
+    """Milli-credits as a human string: 12345 -> '12.345'."""
+    sign = "-" if amount < 0 else ""
+    whole, frac = divmod(abs(amount), MILLI)
+    return f"{sign}{whole:,}.{frac:03d}"
+
+
+def amount_validate(amount: object, *, field: str = "amount") -> int:
+    # bool is an int subclass; a float or Decimal amount is a unit mistake, not rounding.
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise TenantError(
+            f"{field} must be a whole number of milli-credits, got {type(amount).__name__} {amount!r}"
+        )
+    if amount <= 0:
+        raise TenantError(f"{field} must be positive, got {amount}")
+    if amount > MAX_AMOUNT:
+        raise TenantError(f"{field} {amount} is larger than the limit of {MAX_AMOUNT} milli-credits")
+    return amount
+
+
+def tenant_accounts_create(*, tenant: Tenant) -> None:
+    """Create a tenant's two accounts (idempotent)."""
+    for kind in Account.TENANT_KINDS:
+        Account.objects.get_or_create(tenant=tenant, kind=kind)
+
+
+def platform_account(kind: str) -> Account:
+    account = Account.objects.filter(tenant__isnull=True, kind=kind).first()
+    if account is not None:
+        return account
+    try:
+        with transaction.atomic():
+            return Account.objects.create(tenant=None, kind=kind)
+    except IntegrityError:
+        # Another request created it first.
+        return Account.objects.get(tenant__isnull=True, kind=kind)
+
+
+def _account_ids(*, tenant: Tenant, kind: str) -> tuple[int, int]:
+    source_kind, destination_kind = _ROUTES[kind]
+    ids = []
+    for account_kind in (source_kind, destination_kind):
+        if account_kind in Account.PLATFORM_KINDS:
+            ids.append(platform_account(account_kind).pk)
+        else:
+            account_id = (
+                Account.objects.filter(tenant=tenant, kind=account_kind)
+                .values_list("pk", flat=True)
+                .first()
+            )
+            if account_id is None:
+                raise TenantError(f"tenant {tenant.slug!r} has no {account_kind} account")
+            ids.append(account_id)
+    return ids[0], ids[1]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    transfer: Transfer | None
+    refusal: str = ""
+
+
+@transaction.atomic
+def _transfer_locked(
+    *,
+    kind: str,
+    tenant: Tenant,
+    amount: int,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    reference: str,
+    campaign: Campaign | None,
+    idempotency_key: str | None,
+) -> _Outcome:
+    source_id, destination_id = _account_ids(tenant=tenant, kind=kind)
+    # Fixed lock order (primary key) on every path, so two transfers cannot deadlock.
+    locked = {
+        a.pk: a
+        for a in Account.objects.select_for_update().filter(pk__in=[source_id, destination_id]).order_by("pk")
+    }
+    source, destination = locked[source_id], locked[destination_id]
+
+    fingerprint = f"{kind}:{tenant.pk}:{amount}:{reference}"
+    if idempotency_key:
+        # Read after taking the locks: a concurrent first attempt with this key has either
+        # committed (we see it) or not started (we are first).
+        previous = LedgerOperation.objects.filter(key=idempotency_key).first()
+        if previous is not None:
+            if previous.fingerprint != fingerprint:
+                return _Outcome(
+                    None,
+                    f"idempotency key {idempotency_key!r} was already used for a different "
+                    f"operation ({previous.fingerprint}); use a new key",
+                )
+            if previous.outcome == LedgerOperation.Outcome.REFUSED:
+                return _Outcome(None, previous.message)
+            return _Outcome(previous.transfer)
+
+    if source.tenant_id is not None and source.balance < amount:
+        message = (
+            f"insufficient credits: {kind} of {credits(amount)} needs {credits(amount)} in "
+            f"{tenant.slug}'s {source.kind} account, which holds {credits(source.balance)}"
+        )
+        if idempotency_key:
+            LedgerOperation.objects.create(
+                key=idempotency_key,
+                fingerprint=fingerprint,
+                outcome=LedgerOperation.Outcome.REFUSED,
+                message=message,
+            )
+        return _Outcome(None, message)
+
+    now = timezone.now()
+    transfer = Transfer.objects.create(
+        kind=kind,
+        tenant=tenant,
+        amount=amount,
+        source=source,
+        destination=destination,
+        campaign=campaign,
+        reference=reference,
+        reason=reason,
+        actor=actor,
+        created_at=now,
+    )
+    Entry.objects.bulk_create(
+        [
+            Entry(transfer=transfer, account=source, amount=-amount),
+            Entry(transfer=transfer, account=destination, amount=amount),
+        ]
+    )
+    source.balance -= amount
+    destination.balance += amount
+    source.save(update_fields=["balance"])
+    destination.save(update_fields=["balance"])
+    if idempotency_key:
+        LedgerOperation.objects.create(
+            key=idempotency_key,
+            fingerprint=fingerprint,
+            outcome=LedgerOperation.Outcome.APPLIED,
+            transfer=transfer,
+        )
+    audit.record(
+        actor=actor,
+        action=f"ledger.{kind}",
+        target=transfer,
+        tenant=tenant,
+        after={
+            "amount": amount,
+            "from": str(source),
+            "to": str(destination),
+            "reference": reference,
+            "reason": reason,
+            "campaign": campaign.pk if campaign else None,
+        },
+    )
+    return _Outcome(transfer)
+
+
+def transfer_execute(
+    *,
+    kind: str,
+    tenant: Tenant,
+    amount: int,
+    actor: AbstractBaseUser | None = None,
+    reason: str = "",
+    reference: str = "",
+    campaign: Campaign | None = None,
+    idempotency_key: str | None = None,
+) -> Transfer:
+    """Move ``amount`` milli-credits along the route of ``kind``; raise TenantError if refused.
+
+    With an ``idempotency_key`` a retry returns the first outcome: the same transfer, or the
+    same refusal, and never moves credits twice. (Inside a caller's transaction that later
+    rolls back, the record of a refusal rolls back with it.)
+    """
+    if kind not in _ROUTES:
+        raise TenantError(f"unknown transfer kind {kind!r}; expected one of {sorted(_ROUTES)}")
+    amount_validate(amount)
+    if not isinstance(tenant, Tenant) or tenant.pk is None:
+        raise TenantError("transfer needs an existing tenant")
+    if campaign is not None and campaign.tenant_id != tenant.pk:
+        raise TenantError(f"campaign {campaign.name!r} does not belong to tenant {tenant.slug!r}")
+    try:
+        outcome = _transfer_locked(
+            kind=kind,
+            tenant=tenant,
+            amount=amount,
+            actor=actor,
+            reason=reason,
+            reference=reference,
+            campaign=campaign,
+            idempotency_key=idempotency_key,
+        )
+    except IntegrityError as exc:
+        # Only the idempotency key is unique here: two first attempts with one key raced.
+        raise TenantError(
+            f"idempotency key {idempotency_key!r} is being used by another request; retry"
+        ) from exc
+    if outcome.transfer is None:
+        raise TenantError(outcome.refusal)
+    return outcome.transfer
+
+
+def credits_grant(
+    *,
+    tenant: Tenant,
+    amount: int,
+    reason: str,
+    actor: AbstractBaseUser | None,
+    idempotency_key: str | None = None,
+) -> Transfer:
+    """Issue new credits to a tenant (admin, with a reason)."""
+    if not reason or not reason.strip():
+        raise TenantError("a credit grant needs a reason")
+    return transfer_execute(
+        kind=Transfer.Kind.GRANT,
+        tenant=tenant,
+        amount=amount,
+        actor=actor,
+        reason=reason.strip(),
+        idempotency_key=idempotency_key,
+    )
+
+
+def credits_hold(**kwargs) -> Transfer:
+    """available -> escrow (a bid's maximum cost)."""
+    return transfer_execute(kind=Transfer.Kind.HOLD, **kwargs)
+
+
+def credits_release(**kwargs) -> Transfer:
+    """escrow -> available (a cancelled or lost bid, or what a winner did not spend)."""
+    return transfer_execute(kind=Transfer.Kind.RELEASE, **kwargs)
+
+
+def credits_charge(**kwargs) -> Transfer:
+    """escrow -> revenue (what a winner pays)."""
+    return transfer_execute(kind=Transfer.Kind.CHARGE, **kwargs)
+
+
+def credits_refund(**kwargs) -> Transfer:
+    """revenue -> available (reverses a charge, e.g. a voided round)."""
+    return transfer_execute(kind=Transfer.Kind.REFUND, **kwargs)
+
+
+# Reads -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Balance:
+    available: int
+    escrow: int
+
+    @property
+    def total(self) -> int:
+        return self.available + self.escrow
+
+
+def balance_get(*, tenant: Tenant) -> Balance:
+    rows = dict(Account.objects.filter(tenant=tenant).values_list("kind", "balance"))
+    return Balance(available=rows.get(Kind.AVAILABLE, 0), escrow=rows.get(Kind.ESCROW, 0))
+
+
+def ledger_verify() -> list[str]:
+    """Every ledger invariant; returns the problems found (empty = clean).
+
+    - every transfer has exactly two entries that sum to zero and match its amount;
+    - each account's cached balance equals the sum of its entries;
+    - no tenant account is negative;
+    - total issued equals total held anywhere (all balances sum to zero).
+    """
+    problems: list[str] = []
+    bad_transfers = (
+        Transfer.objects.annotate(total=Sum("entries__amount"))
+        .exclude(total=0)
+        .values_list("pk", "total")[:20]
+    )
+    for pk, total in bad_transfers:
+        problems.append(f"transfer {pk}: entries sum to {total}, not 0")
+    for transfer in Transfer.objects.raw(
+        "SELECT t.id, t.amount FROM tenants_transfer t "
+        "LEFT JOIN tenants_entry e ON e.transfer_id = t.id "
+        "GROUP BY t.id, t.amount "
+        "HAVING COUNT(e.id) <> 2 OR COALESCE(MAX(e.amount), 0) <> t.amount"
+    )[:20]:
+        problems.append(f"transfer {transfer.pk}: does not have two entries of +/-{transfer.amount}")
+    sums = dict(Entry.objects.values("account").annotate(s=Sum("amount")).values_list("account", "s"))
+    total_balance = 0
+    for account in Account.objects.select_related("tenant").order_by("pk"):
+        total_balance += account.balance
+        entries_sum = sums.get(account.pk, 0)
+        if entries_sum != account.balance:
+            problems.append(
+                f"account {account} (id {account.pk}): cached balance {account.balance} "
+                f"!= sum of entries {entries_sum}"
+            )
+        if account.tenant_id is not None and account.balance < 0:
+            problems.append(f"account {account} (id {account.pk}) is negative: {account.balance}")
+    if total_balance != 0:
+        problems.append(
+            f"credits created or lost: balances sum to {total_balance}, expected 0 "
+            "(issued must equal held)"
+        )
+    return problems
