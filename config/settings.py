@@ -165,12 +165,27 @@ CELERY_TASK_ROUTES = {
     "market.*": {"queue": "clearing"},
     "telemetry.*": {"queue": "telemetry"},
 }
+# Beat only sends ids-free "scan the database" ticks: a lost message or a broker outage delays
+# work but never loses it, because the next tick finds what is due.
+CELERY_BEAT_SCHEDULE = {
+    "rounds-tick": {
+        "task": "market.rounds_tick",
+        "schedule": float(os.environ.get("GPUMARKET_ROUND_TICK_SECONDS", "15")),
+    },
+    "enforce": {
+        "task": "telemetry.enforce",
+        "schedule": float(os.environ.get("GPUMARKET_ENFORCE_SECONDS", "10")),
+    },
+    "nodes-health": {"task": "telemetry.nodes_health", "schedule": 30.0},
+    "samples-rollup": {"task": "telemetry.samples_rollup", "schedule": 60.0},
+}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TIMEZONE = "UTC"
 
-# Beat periods (seconds).
-GPUMARKET_ROUND_TICK_SECONDS = env_int("GPUMARKET_ROUND_TICK_SECONDS", 15)
-GPUMARKET_ENFORCE_SECONDS = env_int("GPUMARKET_ENFORCE_SECONDS", 10)
+# Telemetry (seconds unless named otherwise).
+GPUMARKET_NODE_STALE_SECONDS = env_int("GPUMARKET_NODE_STALE_SECONDS", 90)
+GPUMARKET_SAMPLE_RETENTION_HOURS = env_int("GPUMARKET_SAMPLE_RETENTION_HOURS", 48)
+GPUMARKET_PREEMPT_GRACE_SECONDS = env_int("GPUMARKET_PREEMPT_GRACE_SECONDS", 30)
 
 if not DEBUG:
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)

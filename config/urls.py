@@ -6,5 +6,9 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("api/", include("config.api_urls")),
+    path("market/", include("market.urls")),
+    path("fleet/", include("telemetry.urls")),
+    path("audit/", include("audit.urls")),
     path("", include("tenants.urls")),
 ]

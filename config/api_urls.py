@@ -1,0 +1,5 @@
+from django.urls import include, path
+
+urlpatterns = [
+    path("v1/telemetry/", include("telemetry.api.urls")),
+]

@@ -1,0 +1,3 @@
+"""gpumarket: a credit market for shared GPU capacity."""
+
+__version__ = "0.1.0"

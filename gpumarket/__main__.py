@@ -1,0 +1,5 @@
+import sys
+
+from gpumarket.cli import main
+
+sys.exit(main())

@@ -1,0 +1,58 @@
+"""The ``gpumarket`` command.
+
+``clear`` and ``agent`` need no Django (a node agent runs without the platform's settings);
+every other subcommand is a Django management command, with hyphens for underscores:
+``gpumarket verify-ledger`` runs ``manage.py verify_ledger``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+USAGE = """usage: gpumarket COMMAND [ARGS]
+
+  demo            run the whole platform on the embedded default (SQLite, embedded broker,
+                  a worker, beat and two simulated nodes) at http://127.0.0.1:8000
+  agent           run a node agent (NVML or simulated) that posts samples and applies directives
+  clear FILE      clear an auction instance (JSON) and print the result as JSON
+  simulate        replay a job trace or past rounds under a policy (what-if)
+  verify-ledger   check every ledger invariant; non-zero exit names what is wrong
+  verify-audit    check the audit hash chain; non-zero exit names the first bad event
+  ...             any other manage.py command (migrate, createsuperuser, shell, ...)
+"""
+
+
+def _pure(command: str, argv: list[str]) -> int | None:
+    if command == "clear":
+        from market.clearing.cli import main as clear_main
+
+        return clear_main(argv)
+    if command == "agent":
+        from telemetry.agent import main as agent_main
+
+        return agent_main(argv)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help", "help"}:
+        sys.stdout.write(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    code = _pure(command, rest)
+    if code is not None:
+        return code
+    if command == "demo":
+        # The demo is the embedded development setup: DEBUG on unless told otherwise.
+        os.environ.setdefault("DEBUG", "1")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["gpumarket", command.replace("-", "_"), *rest])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
