@@ -7,6 +7,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/", include("config.api_urls")),
+    path("market/policy/", include("market.policy_urls")),
     path("market/", include("market.urls")),
     path("fleet/", include("telemetry.urls")),
     path("audit/", include("audit.urls")),
