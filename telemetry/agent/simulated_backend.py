@@ -156,7 +156,9 @@ class SimulatedBackend:
             )
             per_gpu[index].append((process, utilization))
         self._cpu_seen = cpu_seen
-        return tuple(self._gpu_sample(gpu, per_gpu[gpu.index], at=at, now=now) for gpu in self._gpus)
+        return tuple(
+            self._gpu_sample(gpu, per_gpu[gpu.index], at=at, now=now) for gpu in self._gpus
+        )
 
     def _tagged_processes(self) -> list[ProcessInfo]:
         found = []
