@@ -5,6 +5,7 @@ server, ``DEBUG`` on. Production sets ``DATABASE_URL`` (PostgreSQL), ``CELERY_BR
 (Redis), ``SECRET_KEY`` and ``DEBUG=0``.
 """
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -122,7 +123,12 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [
+    BASE_DIR / "static",
+    # plotly.js served from the installed Python package (never a CDN), so the browser library
+    # always matches the figure JSON the server produces: /static/vendor/plotly/plotly.min.js.
+    ("vendor/plotly", Path(importlib.util.find_spec("plotly").submodule_search_locations[0]) / "package_data"),
+]
 STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", BASE_DIR / "staticfiles"))
 
 REST_FRAMEWORK = {
