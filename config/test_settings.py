@@ -1,0 +1,15 @@
+"""Settings for the test suite: production settings (DEBUG off) over plain HTTP on loopback."""
+
+import os
+
+os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production")
+
+from config.settings import *  # noqa: E402,F403
+
+ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
+SECURE_SSL_REDIRECT = False
+SESSION_COOKIE_SECURE = False
+CSRF_COOKIE_SECURE = False
+SECURE_HSTS_SECONDS = 0
+# Fast hashing: tests create many users.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
