@@ -1,0 +1,108 @@
+"""The audit log's hash chain: every kind of tampering is detected and the first bad event named."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import DatabaseError, connection, transaction
+
+import audit.services as audit
+from audit.models import AuditEvent
+from audit.selectors import chain_verify
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def _events(n: int = 5) -> list[AuditEvent]:
+    t = factories.tenant()
+    with transaction.atomic():
+        return [
+            audit.record(actor="test", action="test.event", tenant=t, object_type="thing",
+                         object_id=i, after={"i": i, "amount": 1000 * i})
+            for i in range(n)
+        ]
+
+
+def _raw(sql: str, params: list) -> None:
+    # Tampering bypasses the append-only trigger the way an intruder with superuser rights
+    # would: replica mode skips ordinary triggers.
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute(sql, params)
+        cursor.execute("SET LOCAL session_replication_role = origin")
+
+
+def test_intact_chain_verifies_and_links_each_event_to_the_previous():
+    events = _events()
+    report = chain_verify()
+    assert report.ok and report.checked >= len(events)
+    for previous, event in zip(events, events[1:], strict=False):
+        assert event.prev_hash == previous.hash and event.seq == previous.seq + 1
+    call_command("verify_audit")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_record_outside_a_transaction_is_refused():
+    with pytest.raises(audit.AuditError, match="inside the transaction"):
+        audit.record(actor="test", action="x")
+
+
+def test_update_and_delete_are_refused_by_the_database():
+    event = _events(1)[0]
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        AuditEvent.objects.filter(pk=event.pk).update(action="forged")
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        AuditEvent.objects.filter(pk=event.pk).delete()
+
+
+def test_edited_event_is_detected_and_named():
+    events = _events()
+    _raw("UPDATE audit_auditevent SET after = %s WHERE id = %s", ['{"i": 2, "amount": 1}', events[2].pk])
+    report = chain_verify()
+    assert not report.ok
+    assert report.first_bad_seq == events[2].seq
+    assert "edited" in report.problem
+    with pytest.raises(CommandError, match=f"seq={events[2].seq}"):
+        call_command("verify_audit")
+
+
+def test_deleted_event_is_detected_and_named():
+    events = _events()
+    _raw("DELETE FROM audit_auditevent WHERE id = %s", [events[1].pk])
+    report = chain_verify()
+    assert not report.ok
+    # The event after the gap is the first that no longer fits.
+    assert report.first_bad_seq == events[2].seq
+    assert "deleted" in report.problem
+
+
+def test_reordered_events_are_detected_and_named():
+    events = _events()
+    a, b = events[1], events[3]
+    # Swap the two rows' positions in the table (their ids), leaving each row's content intact.
+    _raw("UPDATE audit_auditevent SET id = -id WHERE id = %s", [a.pk])
+    _raw("UPDATE audit_auditevent SET id = %s WHERE id = %s", [a.pk, b.pk])
+    _raw("UPDATE audit_auditevent SET id = %s WHERE id = %s", [b.pk, -a.pk])
+    report = chain_verify()
+    assert not report.ok
+    assert report.first_bad_id == a.pk  # the slot where event 1 was now holds event 3
+    assert report.first_bad_seq == b.seq
+    assert "reordered" in report.problem or "deleted" in report.problem
+
+
+def test_inserted_event_is_detected_and_named():
+    events = _events()
+    forged = events[2]
+    # A forged copy of a real event, placed at the end with a plausible seq.
+    _raw(
+        "INSERT INTO audit_auditevent (seq, created_at, actor_label, action, object_type, object_id,"
+        " before, after, prev_hash, hash) VALUES (%s, now(), 'intruder', 'ledger.grant', 'x', '1',"
+        " NULL, '{}'::jsonb, %s, %s)",
+        [AuditEvent.objects.order_by("-seq").first().seq + 1, events[-1].hash, "f" * 64],
+    )
+    report = chain_verify()
+    assert not report.ok
+    assert report.first_bad_seq == forged.seq + len(events) - 2
+    assert "edited" in report.problem or "link" in report.problem
