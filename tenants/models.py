@@ -241,3 +241,35 @@ class Notification(models.Model):
 
     def __str__(self) -> str:
         return f"[{self.level}] {self.message}"
+
+
+class ApiToken(models.Model):
+    """A personal API token: acts as its user, in that user's tenant.
+
+    The secret is shown once at creation; only its SHA-256 is stored. Tokens carry ~190 bits
+    of randomness, so a fast hash is enough (a slow password hash protects guessable secrets,
+    and these are not guessable). ``prefix`` is the public, unique part used to find the row.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=80)
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=~Q(name=""), name="apitoken_name_not_empty"),
+        ]
+
+    def __str__(self) -> str:
+        return f"gm_{self.prefix}… ({self.name})"
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
