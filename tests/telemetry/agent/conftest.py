@@ -70,10 +70,12 @@ class Children:
 
     def cleanup(self) -> None:
         for child in self.started:
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            # The group for children in a session of their own, the pid for the rest.
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             child.wait(timeout=5)
             if child.stdout is not None:
                 child.stdout.close()
@@ -157,7 +159,9 @@ class StandInIngest:
         ThreadingHTTPServer.allow_reuse_address = True
         self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
