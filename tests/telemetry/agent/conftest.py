@@ -98,6 +98,7 @@ def sim_node() -> str:
 class Received:
     body: dict[str, Any]
     headers: dict[str, str]
+    status: int
 
 
 class StandInIngest:
@@ -106,6 +107,7 @@ class StandInIngest:
 
     def __init__(self) -> None:
         self.status = 200
+        self.delay_seconds = 0.0
         self.received: list[Received] = []
         self.directives: list[list[dict[str, Any]]] = []
         self.seen_batch_ids: set[str] = set()
@@ -119,6 +121,12 @@ class StandInIngest:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def delivered(self) -> list[dict[str, Any]]:
+        """Bodies the stand-in accepted (answered 200), in arrival order."""
+        with self.lock:
+            return [entry.body for entry in self.received if entry.status == 200]
+
+    @property
     def bodies(self) -> list[dict[str, Any]]:
         with self.lock:
             return [entry.body for entry in self.received]
@@ -130,11 +138,15 @@ class StandInIngest:
             def do_POST(self) -> None:  # noqa: N802 - the http.server naming
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length))
+                if stand_in.delay_seconds:
+                    time.sleep(stand_in.delay_seconds)
                 with stand_in.lock:
-                    stand_in.received.append(Received(body=body, headers=dict(self.headers)))
                     status = stand_in.status
                     if self.path != "/api/v1/telemetry/ingest":
                         status = 404
+                    stand_in.received.append(
+                        Received(body=body, headers=dict(self.headers), status=status)
+                    )
                     if status == 200:
                         duplicate = body["batch_id"] in stand_in.seen_batch_ids
                         stand_in.seen_batch_ids.add(body["batch_id"])

@@ -30,7 +30,13 @@ class StandInApi:
                 "namespace": namespace,
                 "labels": {"batch.kubernetes.io/job-name": job},
                 "ownerReferences": [
-                    {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": "u-1", "controller": True}
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": job,
+                        "uid": "u-1",
+                        "controller": True,
+                    }
                 ],
             },
         }
@@ -102,7 +108,9 @@ def api() -> Iterator[StandInApi]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     yield state
     server.shutdown()
@@ -128,7 +136,9 @@ def directive(action, *, pod=None, namespace="research", pid=None, directive_id=
     )
 
 
-@pytest.mark.parametrize(("action", "suspend"), [("pause", True), ("terminate", True), ("resume", False)])
+@pytest.mark.parametrize(
+    ("action", "suspend"), [("pause", True), ("terminate", True), ("resume", False)]
+)
 def test_action_patches_the_owning_jobs_suspend_flag(api, action, suspend):
     api.pod_of_job("research", "train-7-x2x9q", "train-7")
 
@@ -171,7 +181,11 @@ def test_no_such_pod_or_job_is_gone(api):
 
 
 def test_pod_not_run_by_a_job_fails(api):
-    api.pods[("research", "bare")] = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare"}}
+    api.pods[("research", "bare")] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "bare"},
+    }
 
     result = executor_for(api).apply(directive("pause", pod="bare"), observed={})
 
@@ -186,7 +200,12 @@ def test_pod_comes_from_the_observed_process_and_namespace_defaults(api):
         9: ObservedProcess(
             gpu="GPU-0",
             process=ProcessSample(
-                pid=9, memory_mib=1, allocation=1, slurm_job=None, pod="infer-0-aaaaa", state="running"
+                pid=9,
+                memory_mib=1,
+                allocation=1,
+                slurm_job=None,
+                pod="infer-0-aaaaa",
+                state="running",
             ),
         )
     }

@@ -39,7 +39,8 @@ def fake_nvml(monkeypatch):
 
     def processes(device):
         return [
-            pynvml.nvmlFriendlyObject({"pid": pid, "usedGpuMemory": 3000 * MIB}) for pid in device.pids
+            pynvml.nvmlFriendlyObject({"pid": pid, "usedGpuMemory": 3000 * MIB})
+            for pid in device.pids
         ]
 
     fakes = {
@@ -54,7 +55,9 @@ def fake_nvml(monkeypatch):
             total=81920 * MIB, free=71920 * MIB, used=10000 * MIB
         ),
         "nvmlDeviceGetPowerUsage": lambda d: 312_500,
-        "nvmlDeviceGetTemperature": lambda d, sensor: 61 if sensor == pynvml.NVML_TEMPERATURE_GPU else -1,
+        "nvmlDeviceGetTemperature": lambda d, sensor: (
+            61 if sensor == pynvml.NVML_TEMPERATURE_GPU else -1
+        ),
         "nvmlDeviceGetTotalEnergyConsumption": energy,
         "nvmlDeviceGetComputeRunningProcesses": processes,
     }

@@ -59,9 +59,7 @@ def test_process_describe_returns_none_for_an_unreaped_zombie(children, wait_unt
     assert process_describe(child.pid) is None
 
 
-def test_unreadable_environ_reads_as_empty_and_the_process_stays_reported(
-    children, monkeypatch
-):
+def test_unreadable_environ_reads_as_empty_and_the_process_stays_reported(children, monkeypatch):
     # A non-root agent cannot read another user's environ; the process is still reported,
     # only unmapped. (Root reads through mode bits, so the refusal is stood in here.)
     child = children.python(SLEEPER, env={"GPUMARKET_ALLOCATION": "42"})

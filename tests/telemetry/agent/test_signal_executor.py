@@ -47,7 +47,12 @@ def observed(*pids, allocation=None):
         pid: ObservedProcess(
             gpu=GPU,
             process=ProcessSample(
-                pid=pid, memory_mib=1, allocation=allocation, slurm_job=None, pod=None, state="running"
+                pid=pid,
+                memory_mib=1,
+                allocation=allocation,
+                slurm_job=None,
+                pod=None,
+                state="running",
             ),
         )
         for pid in pids
@@ -58,7 +63,9 @@ def cpu_seconds(pid):
     return process_describe(pid).cpu_seconds
 
 
-def test_pause_stops_the_whole_group_and_resume_starts_it_again(children, wait_until, process_state):
+def test_pause_stops_the_whole_group_and_resume_starts_it_again(
+    children, wait_until, process_state
+):
     worker = children.python(FAMILY)
     helper_pid = int(worker.stdout.readline())
     executor = SignalExecutor()
@@ -88,7 +95,10 @@ def test_terminate_ends_a_process_that_honours_sigterm(children, wait_until):
     worker.stdout.readline()
     executor = SignalExecutor()
 
-    assert executor.apply(directive("terminate", pid=worker.pid), observed=observed(worker.pid)) is None
+    assert (
+        executor.apply(directive("terminate", pid=worker.pid), observed=observed(worker.pid))
+        is None
+    )
 
     assert worker.wait(timeout=5) == -15
     [result] = executor.poll()
@@ -96,16 +106,21 @@ def test_terminate_ends_a_process_that_honours_sigterm(children, wait_until):
     assert executor.poll() == []
 
 
-def test_terminate_kills_after_the_grace_period_without_blocking(children, wait_until, process_state):
+def test_terminate_kills_after_the_grace_period_without_blocking(
+    children, wait_until, process_state
+):
     worker = children.python(STUBBORN)
     worker.stdout.readline()
     now = [1000.0]
     executor = SignalExecutor(clock=lambda: now[0])
 
     started = time.monotonic()
-    assert executor.apply(
-        directive("terminate", pid=worker.pid, grace=30), observed=observed(worker.pid)
-    ) is None
+    assert (
+        executor.apply(
+            directive("terminate", pid=worker.pid, grace=30), observed=observed(worker.pid)
+        )
+        is None
+    )
     assert time.monotonic() - started < 1.0  # the grace period is not slept through
 
     time.sleep(0.2)
@@ -127,7 +142,9 @@ def test_terminate_reaches_a_paused_process(children, wait_until, process_state)
     executor.apply(directive("pause", pid=worker.pid), observed=observed(worker.pid))
     assert wait_until(lambda: process_state(worker.pid) == "T")
 
-    executor.apply(directive("terminate", pid=worker.pid, directive_id=2), observed=observed(worker.pid))
+    executor.apply(
+        directive("terminate", pid=worker.pid, directive_id=2), observed=observed(worker.pid)
+    )
 
     assert worker.wait(timeout=5) == -15
 

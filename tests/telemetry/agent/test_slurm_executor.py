@@ -95,7 +95,9 @@ def test_unknown_job_is_gone_and_a_refusal_fails_with_scontrols_message(scontrol
 def test_a_hung_scontrol_is_cut_off(scontrol, tmp_path):
     (tmp_path / "bin" / "scontrol").write_text("#!/bin/sh\nsleep 5\n")
 
-    result = SlurmExecutor(timeout_seconds=0.3).apply(directive("pause", slurm_job="1"), observed={})
+    result = SlurmExecutor(timeout_seconds=0.3).apply(
+        directive("pause", slurm_job="1"), observed={}
+    )
 
     assert result.outcome == "failed"
     assert "no answer in 0.3s" in result.detail

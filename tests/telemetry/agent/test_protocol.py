@@ -1,0 +1,89 @@
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from telemetry.agent.protocol import (
+    DEFAULT_GRACE_SECONDS,
+    Batch,
+    DirectiveInvalid,
+    GpuSample,
+    directive_parse,
+)
+
+
+def test_full_directive_parses():
+    directive = directive_parse(
+        {
+            "id": 3, "action": "terminate", "gpu": "GPU-1", "pid": 10, "allocation": 7,
+            "slurm_job": 1234, "pod": "p-abcde", "namespace": "ns", "grace_seconds": 12,
+            "reason": "window ended",
+        }
+    )  # fmt: skip
+
+    assert directive.id == 3
+    assert directive.action == "terminate"
+    assert directive.slurm_job == "1234"  # numbers are accepted for Slurm job ids
+    assert directive.grace_seconds == 12
+
+
+def test_minimal_directive_gets_defaults():
+    directive = directive_parse({"id": 1, "action": "pause"})
+
+    assert directive.pid is None and directive.gpu is None
+    assert directive.grace_seconds == DEFAULT_GRACE_SECONDS
+    assert directive.reason == ""
+
+
+@pytest.mark.parametrize(
+    ("raw", "directive_id"),
+    [
+        ("pause", None),
+        ({"action": "pause"}, None),
+        ({"id": True, "action": "pause"}, None),
+        ({"id": 4, "action": "delete"}, 4),
+        ({"id": 4, "action": "pause", "pid": "12"}, 4),
+        ({"id": 4, "action": "pause", "gpu": 5.5}, 4),
+    ],
+)
+def test_bad_directives_are_refused_with_their_id(raw, directive_id):
+    with pytest.raises(DirectiveInvalid) as raised:
+        directive_parse(raw)
+
+    assert raised.value.directive_id == directive_id
+
+
+def test_naive_timestamps_are_never_sent():
+    sample = GpuSample(
+        gpu="GPU-1",
+        at=datetime(2025, 1, 1, 12, 0),
+        utilization_pct=0,
+        memory_used_mib=0,
+        memory_total_mib=1,
+        power_w=0.0,
+        temperature_c=0.0,
+        energy_j=0.0,
+    )
+
+    with pytest.raises(ValueError, match="timezone"):
+        sample.to_wire()
+
+
+@given(offset_minutes=st.integers(min_value=-12 * 60, max_value=14 * 60))
+def test_sent_at_round_trips_with_any_timezone(offset_minutes):
+    moment = datetime(2025, 6, 1, 8, 30, tzinfo=timezone(timedelta(minutes=offset_minutes)))
+    batch = Batch(backend="simulated", hostname="n", gpus=(), samples=())
+
+    wire = batch.to_wire(sent_at=moment)
+
+    assert datetime.fromisoformat(wire["sent_at"]) == moment
+    assert datetime.fromisoformat(wire["sent_at"]).astimezone(UTC) == moment.astimezone(UTC)
+
+
+def test_every_batch_has_its_own_id():
+    ids = {
+        Batch(backend="simulated", hostname="n", gpus=(), samples=()).batch_id for _ in range(100)
+    }
+
+    assert len(ids) == 100
