@@ -1,1 +1,11 @@
-urlpatterns: list = []
+from django.urls import path
+
+from telemetry import views
+
+urlpatterns = [
+    path("", views.fleet, name="fleet"),
+    path("enforcement/", views.enforcement_list, name="enforcement_list"),
+    path("allocations/", views.allocation_list, name="allocation_list"),
+    path("allocations/live/", views.allocations_live, name="allocations_live"),
+    path("allocations/<int:pk>/", views.allocation_detail, name="allocation_detail"),
+]

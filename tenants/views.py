@@ -1,12 +1,293 @@
+"""Tenant pages: the dashboard, team management (managers), credits and budgets (staff).
+
+Views parse, authorise, call one service and render; a TenantError from a service becomes a
+form error so the person sees what to fix next to what they typed.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
+from django.core.exceptions import PermissionDenied
+from django.db.models import Prefetch
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from tenants.access import tenant_of
-from tenants.ledger import balance_get
+from audit.views import staff_required
+from tenants.access import membership_of, require_tenant, scoped
+from tenants.budgets import budget_set, budget_usage, campaign_create
+from tenants.errors import TenantError
+from tenants.forms import (
+    BudgetForm,
+    CampaignForm,
+    GrantForm,
+    MemberForm,
+    RoleForm,
+    StaffBudgetForm,
+    TenantForm,
+)
+from tenants.ledger import balance_get, credits, credits_grant
+from tenants.models import Account, Budget, Campaign, Membership, Notification, Tenant, Transfer
+from tenants.services import member_add, tenant_create
 
 
+def _usages(budgets):
+    now = timezone.now()
+    return [budget_usage(budget=b, at=now) for b in budgets]
+
+
+def _active_budgets(tenant: Tenant):
+    return scoped(Budget.objects.filter(active=True), tenant=tenant).select_related("campaign")
+
+
+@require_GET
 @login_required
-def dashboard(request):
-    tenant = tenant_of(request.user)
-    balance = balance_get(tenant=tenant) if tenant else None
-    return render(request, "tenants/dashboard.html", {"tenant": tenant, "balance": balance})
+def dashboard(request: HttpRequest) -> HttpResponse:
+    membership = membership_of(request.user)
+    if membership is None:
+        if request.user.is_staff:
+            return render(
+                request,
+                "tenants/staff_overview.html",
+                {"notifications": Notification.objects.filter(tenant__isnull=True)[:20]},
+            )
+        return render(request, "tenants/no_tenant.html", status=403)
+    tenant = membership.tenant
+    return render(
+        request,
+        "tenants/dashboard.html",
+        {
+            "tenant": tenant,
+            "balance": balance_get(tenant=tenant),
+            "usages": _usages(_active_budgets(tenant)),
+            "notifications": scoped(Notification.objects, tenant=tenant)[:10],
+        },
+    )
+
+
+# Managers ---------------------------------------------------------------------------------
+
+
+def _require_manager(request: HttpRequest) -> Tenant:
+    tenant = require_tenant(request.user)
+    if not request.user.membership.is_manager:
+        raise PermissionDenied("Only the team's managers can manage members, campaigns and caps.")
+    return tenant
+
+
+def _members_page(request, tenant, *, form=None, status=200):
+    members = scoped(Membership.objects, tenant=tenant).select_related("user").order_by("user__username")
+    rows = [(m, RoleForm(initial={"username": m.user.username, "role": m.role})) for m in members]
+    return render(
+        request,
+        "tenants/team_members.html",
+        {"tenant": tenant, "rows": rows, "form": form or MemberForm()},
+        status=status,
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def team_members(request: HttpRequest) -> HttpResponse:
+    tenant = _require_manager(request)
+    if request.method == "GET":
+        return _members_page(request, tenant)
+    form = MemberForm(request.POST)
+    if form.is_valid():
+        try:
+            member_add(
+                tenant=tenant,
+                username=form.cleaned_data["username"],
+                role=form.cleaned_data["role"],
+                password=form.cleaned_data["password"] or None,
+                actor=request.user,
+            )
+        except TenantError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"{form.cleaned_data['username']} is now a {form.cleaned_data['role']}.")
+            return redirect("team_members")
+    return _members_page(request, tenant, form=form, status=400)
+
+
+@require_POST
+@login_required
+def team_member_role(request: HttpRequest) -> HttpResponse:
+    tenant = _require_manager(request)
+    form = RoleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose a role for the member.")
+        return redirect("team_members")
+    username = form.cleaned_data["username"]
+    # Only a member of this tenant can be changed here; adding goes through the other form.
+    if not scoped(Membership.objects, tenant=tenant).filter(user__username=username).exists():
+        messages.error(request, f"{username} is not a member of {tenant.name}.")
+        return redirect("team_members")
+    try:
+        member_add(tenant=tenant, username=username, role=form.cleaned_data["role"], actor=request.user)
+    except TenantError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"{username} is now a {form.cleaned_data['role']}.")
+    return redirect("team_members")
+
+
+def _campaigns_page(request, tenant, *, campaign_form=None, budget_form=None, status=200):
+    campaigns = scoped(Campaign.objects, tenant=tenant).prefetch_related(
+        Prefetch("budgets", queryset=Budget.objects.filter(active=True))
+    )
+    return render(
+        request,
+        "tenants/team_campaigns.html",
+        {
+            "tenant": tenant,
+            "campaigns": campaigns,
+            "usages": _usages(_active_budgets(tenant)),
+            "campaign_form": campaign_form or CampaignForm(),
+            "budget_form": budget_form or BudgetForm(campaigns=scoped(Campaign.objects, tenant=tenant)),
+        },
+        status=status,
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def team_campaigns(request: HttpRequest) -> HttpResponse:
+    tenant = _require_manager(request)
+    if request.method == "GET":
+        return _campaigns_page(request, tenant)
+    form = CampaignForm(request.POST)
+    if form.is_valid():
+        try:
+            campaign = campaign_create(tenant=tenant, actor=request.user, **form.cleaned_data)
+        except TenantError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Campaign {campaign.name} created.")
+            return redirect("team_campaigns")
+    return _campaigns_page(request, tenant, campaign_form=form, status=400)
+
+
+def _budget_set_from(form, *, tenant: Tenant, actor) -> Budget:
+    data = form.cleaned_data
+    return budget_set(
+        tenant=tenant,
+        window=data["window"],
+        mode=data["mode"],
+        cap=data["cap"],
+        campaign=data.get("campaign"),
+        actor=actor,
+    )
+
+
+@require_POST
+@login_required
+def team_budget_set(request: HttpRequest) -> HttpResponse:
+    tenant = _require_manager(request)
+    form = BudgetForm(request.POST, campaigns=scoped(Campaign.objects, tenant=tenant))
+    if form.is_valid():
+        try:
+            budget = _budget_set_from(form, tenant=tenant, actor=request.user)
+        except TenantError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Budget set: {budget.get_window_display()} cap {credits(budget.cap)}.")
+            return redirect("team_campaigns")
+    return _campaigns_page(request, tenant, budget_form=form, status=400)
+
+
+# Platform staff -----------------------------------------------------------------------------
+
+
+def _tenants_page(request, *, form=None, status=200):
+    tenants = Tenant.objects.prefetch_related(
+        Prefetch("accounts", queryset=Account.objects.order_by("kind")), "memberships__user"
+    )
+    return render(
+        request,
+        "tenants/staff_tenants.html",
+        {"tenants": tenants, "form": form or TenantForm()},
+        status=status,
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@staff_required
+def staff_tenants(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return _tenants_page(request)
+    form = TenantForm(request.POST)
+    if form.is_valid():
+        try:
+            tenant = tenant_create(actor=request.user, **form.cleaned_data)
+        except TenantError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Tenant {tenant.name} created.")
+            return redirect("staff_tenants")
+    return _tenants_page(request, form=form, status=400)
+
+
+def _credits_page(request, *, form=None, status=200):
+    grants = Transfer.objects.filter(kind=Transfer.Kind.GRANT).select_related("tenant", "actor")[:50]
+    return render(
+        request,
+        "tenants/staff_credits.html",
+        {"grants": grants, "form": form or GrantForm(initial={"tenant": request.GET.get("tenant")})},
+        status=status,
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@staff_required
+def staff_credits(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return _credits_page(request)
+    form = GrantForm(request.POST)
+    if form.is_valid():
+        data = form.cleaned_data
+        try:
+            credits_grant(
+                tenant=data["tenant"], amount=data["amount"], reason=data["reason"], actor=request.user
+            )
+        except TenantError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Granted {credits(data['amount'])} credits to {data['tenant'].name}.")
+            return redirect("staff_credits")
+    return _credits_page(request, form=form, status=400)
+
+
+def _budgets_page(request, *, form=None, status=200):
+    budgets = Budget.objects.filter(active=True).select_related("tenant", "campaign")
+    return render(
+        request,
+        "tenants/staff_budgets.html",
+        {
+            "usages": _usages(budgets),
+            "form": form or StaffBudgetForm(campaigns=Campaign.objects.select_related("tenant")),
+        },
+        status=status,
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@staff_required
+def staff_budgets(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return _budgets_page(request)
+    form = StaffBudgetForm(request.POST, campaigns=Campaign.objects.select_related("tenant"))
+    if form.is_valid():
+        try:
+            budget = _budget_set_from(form, tenant=form.cleaned_data["tenant"], actor=request.user)
+        except TenantError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(
+                request,
+                f"Budget set for {budget.tenant.name}: {budget.get_window_display()} cap {credits(budget.cap)}.",
+            )
+            return redirect("staff_budgets")
+    return _budgets_page(request, form=form, status=400)

@@ -1,0 +1,181 @@
+"""Audit review for platform staff: filter the log, verify the chain, export what is shown.
+
+``staff_required`` lives here because audit is the lowest app: every other app's staff pages
+import it from here without breaking the import direction.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, time, timedelta
+from functools import wraps
+
+from django import forms
+from django.apps import apps
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from audit.models import AuditEvent
+from audit.selectors import chain_verify, events_filter
+
+PAGE_SIZE = 50
+
+
+def staff_required(view: Callable) -> Callable:
+    """Anonymous -> login page; signed in but not platform staff -> 403."""
+
+    @login_required
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs):
+        if not request.user.is_staff:
+            raise PermissionDenied("This page is for platform administrators.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _tenants():
+    # audit sits below tenants in the import order, so the model is looked up, not imported.
+    return apps.get_model("tenants", "Tenant").objects.order_by("name")
+
+
+class AuditFilterForm(forms.Form):
+    actor = forms.CharField(required=False, help_text="Part of a username or system label.")
+    tenant = forms.ModelChoiceField(queryset=AuditEvent.objects.none(), required=False)
+    action = forms.CharField(required=False, help_text="e.g. ledger.grant, policy")
+    object_type = forms.CharField(required=False, label="Object type", help_text="e.g. market.bid")
+    object_id = forms.CharField(required=False, label="Object id")
+    since = forms.DateField(
+        required=False, label="From (UTC)", widget=forms.DateInput(attrs={"type": "date"})
+    )
+    until = forms.DateField(
+        required=False,
+        label="To (UTC, inclusive)",
+        widget=forms.DateInput(attrs={"type": "date"}),
+    )
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].queryset = _tenants()
+
+    def clean(self):
+        cleaned = super().clean()
+        since, until = cleaned.get("since"), cleaned.get("until")
+        if since and until and until < since:
+            self.add_error("until", "The end date is before the start date.")
+        return cleaned
+
+    def filter_kwargs(self) -> dict:
+        data = self.cleaned_data
+        since, until = data.get("since"), data.get("until")
+        return {
+            "actor": data.get("actor", "").strip(),
+            "tenant_id": data["tenant"].pk if data.get("tenant") else None,
+            "action": data.get("action", "").strip(),
+            "object_type": data.get("object_type", "").strip(),
+            "object_id": data.get("object_id", "").strip(),
+            "since": datetime.combine(since, time.min, tzinfo=UTC) if since else None,
+            "until": datetime.combine(until + timedelta(days=1), time.min, tzinfo=UTC)
+            if until
+            else None,
+        }
+
+
+def _filtered(request: HttpRequest) -> tuple[AuditFilterForm, object]:
+    form = AuditFilterForm(request.GET or None)
+    if request.GET and not form.is_valid():
+        return form, AuditEvent.objects.none()
+    kwargs = form.filter_kwargs() if request.GET else {}
+    return form, events_filter(**kwargs)
+
+
+@require_GET
+@staff_required
+def audit_review(request: HttpRequest) -> HttpResponse:
+    form, events = _filtered(request)
+    page = Paginator(events, PAGE_SIZE).get_page(request.GET.get("page"))
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(
+        request,
+        "audit/review.html",
+        {"form": form, "page": page, "query": query.urlencode()},
+    )
+
+
+@require_POST
+@staff_required
+def audit_verify(request: HttpRequest) -> HttpResponse:
+    report = chain_verify()
+    if report.ok:
+        messages.success(request, report.describe())
+    else:
+        messages.error(request, report.describe())
+    back = reverse("audit_review")
+    query = request.POST.get("query", "")
+    return redirect(f"{back}?{query}" if query else back)
+
+
+def _cell(value: object) -> str:
+    text = "" if value is None else str(value)
+    # A cell starting with these is run as a formula by spreadsheet programs; the quote
+    # keeps an actor label or a JSON payload from executing when the export is opened.
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + text
+    return text
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+CSV_HEADER = [
+    "seq", "created_at", "actor", "tenant", "action", "object_type", "object_id",
+    "before", "after", "hash",
+]
+
+
+def _csv_rows(events) -> Iterator[list[str]]:
+    yield CSV_HEADER
+    for e in events.iterator(chunk_size=1000):
+        yield [
+            _cell(e.seq),
+            _cell(e.created_at.isoformat()),
+            _cell(e.actor_label),
+            _cell(e.tenant.slug if e.tenant_id else ""),
+            _cell(e.action),
+            _cell(e.object_type),
+            _cell(e.object_id),
+            _cell(json.dumps(e.before, sort_keys=True) if e.before is not None else ""),
+            _cell(json.dumps(e.after, sort_keys=True) if e.after is not None else ""),
+            _cell(e.hash),
+        ]
+
+
+@require_GET
+@staff_required
+def audit_export(request: HttpRequest) -> HttpResponse:
+    form, events = _filtered(request)
+    if request.GET and not form.is_valid():
+        return render(
+            request,
+            "audit/review.html",
+            {"form": form, "page": Paginator(events, PAGE_SIZE).get_page(1), "query": ""},
+            status=400,
+        )
+    writer = csv.writer(_Echo())
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    response = StreamingHttpResponse(
+        (writer.writerow(row) for row in _csv_rows(events)), content_type="text/csv; charset=utf-8"
+    )
+    response["Content-Disposition"] = f'attachment; filename="audit-{stamp}.csv"'
+    return response

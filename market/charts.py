@@ -1,0 +1,178 @@
+"""Market charts: pure functions from plain data to plotly figures (no database access).
+
+Money arrives in milli-credits (integers) and is shown in credits; the division happens here,
+for display only. ``figure_html`` renders a figure as a div and an inline script that expects
+plotly.js to be loaded already (from our static files, never a CDN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import date, datetime
+
+import plotly.graph_objects as go
+
+from tenants.ledger import MILLI
+
+_LAYOUT = {
+    "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
+    "height": 340,
+    "template": "plotly_white",
+    "legend": {"orientation": "h", "y": -0.2},
+}
+_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def _credits(milli: int | float) -> float:
+    return milli / MILLI
+
+
+def figure_html(fig: go.Figure, *, element_id: str) -> str:
+    """The figure as an HTML fragment (div + script); plotly.js must already be on the page."""
+    return fig.to_html(
+        include_plotlyjs=False, full_html=False, div_id=element_id, config=_CONFIG
+    )
+
+
+def price_history(series: Mapping[str, Sequence[tuple[datetime, int]]]) -> go.Figure:
+    """Clearing price per tier over rounds: {tier slug: [(window start, milli-credits/GPU-h)]}."""
+    fig = go.Figure()
+    for slug, points in sorted(series.items()):
+        fig.add_trace(
+            go.Scatter(
+                x=[at for at, _ in points],
+                y=[_credits(price) for _, price in points],
+                mode="lines+markers",
+                name=slug,
+                line={"shape": "hv"},
+            )
+        )
+    fig.update_layout(
+        title="Clearing price per tier",
+        xaxis_title="Round window start (UTC)",
+        yaxis_title="Credits per GPU-hour",
+        **_LAYOUT,
+    )
+    return fig
+
+
+def demand_steps(bids: Sequence[tuple[int, int]]) -> tuple[list[float], list[float]]:
+    """A demand curve as step points: bids (limit milli-credits/GPU-h, GPUs) sorted by price,
+    highest first; x is the cumulative GPUs wanted at or above each price, y that price in credits."""
+    xs: list[float] = []
+    ys: list[float] = []
+    total = 0
+    for price, quantity in sorted(bids, key=lambda b: -b[0]):
+        xs += [float(total), float(total + quantity)]
+        ys += [_credits(price)] * 2
+        total += quantity
+    if xs:
+        xs.append(float(total))
+        ys.append(0.0)
+    return xs, ys
+
+
+def supply_demand(
+    *,
+    tier: str,
+    bids: Sequence[tuple[int, int]],
+    capacity: int,
+    reserve: int,
+    price: int | None,
+) -> go.Figure:
+    """One tier's supply and demand in a round.
+
+    Demand: every bid's limit on this tier against cumulative GPUs (a bid that accepts several
+    tiers appears on each of them). Supply: the reserve price up to the capacity offered.
+    """
+    xs, ys = demand_steps(bids)
+    top = max([*ys, _credits(reserve), _credits(price or 0), 1.0]) * 1.15
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(x=xs or [0], y=ys or [0], mode="lines", name="Demand (bid limits)", line={"width": 3})
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[0, capacity, capacity],
+            y=[_credits(reserve), _credits(reserve), top],
+            mode="lines",
+            name=f"Supply ({capacity} GPUs from reserve {_credits(reserve):g})",
+            line={"dash": "dash", "width": 3},
+        )
+    )
+    if price is not None:
+        fig.add_trace(
+            go.Scatter(
+                x=[0, max(capacity, xs[-1] if xs else 0)],
+                y=[_credits(price), _credits(price)],
+                mode="lines",
+                name=f"Clearing price {_credits(price):g}",
+                line={"dash": "dot"},
+            )
+        )
+    fig.update_layout(
+        title=f"Supply and demand — {tier}",
+        xaxis_title="GPUs",
+        yaxis_title="Credits per GPU-hour",
+        yaxis_range=[0, top],
+        **_LAYOUT,
+    )
+    return fig
+
+
+def round_utilisation(*, capacities: Mapping[str, int], allocated: Mapping[str, int]) -> go.Figure:
+    """GPUs allocated against capacity offered, per tier, for one round."""
+    slugs = sorted(set(capacities) | set(allocated))
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=slugs, y=[capacities.get(s, 0) for s in slugs], name="Offered"))
+    fig.add_trace(go.Bar(x=slugs, y=[allocated.get(s, 0) for s in slugs], name="Allocated"))
+    fig.update_layout(
+        title="GPUs offered and allocated", barmode="group", yaxis_title="GPUs", **_LAYOUT
+    )
+    return fig
+
+
+def spend_over_time(
+    *,
+    days: Sequence[date],
+    daily: Sequence[int],
+    caps: Mapping[str, int],
+    daily_cap: int | None = None,
+) -> go.Figure:
+    """Net spend (charges less refunds) per day and cumulative, against the tenant's caps.
+
+    ``caps`` are the week, month and campaign caps, drawn against the cumulative line;
+    ``daily_cap`` against the daily bars. All amounts in milli-credits.
+    """
+    cumulative: list[float] = []
+    running = 0
+    for amount in daily:
+        running += amount
+        cumulative.append(_credits(running))
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=list(days), y=[_credits(a) for a in daily], name="Spent that day"))
+    fig.add_trace(go.Scatter(x=list(days), y=cumulative, mode="lines+markers", name="Cumulative"))
+    for label, cap in sorted(caps.items()):
+        fig.add_trace(
+            go.Scatter(
+                x=[days[0], days[-1]] if days else [],
+                y=[_credits(cap)] * 2,
+                mode="lines",
+                name=f"{label} cap {_credits(cap):g}",
+                line={"dash": "dash"},
+            )
+        )
+    if daily_cap is not None:
+        fig.add_trace(
+            go.Scatter(
+                x=[days[0], days[-1]] if days else [],
+                y=[_credits(daily_cap)] * 2,
+                mode="lines",
+                name=f"Daily cap {_credits(daily_cap):g}",
+                line={"dash": "dot"},
+            )
+        )
+    fig.update_layout(
+        title="Spend over time", xaxis_title="Day (UTC)", yaxis_title="Credits", **_LAYOUT
+    )
+    return fig

@@ -1,0 +1,460 @@
+"""Market pages: the open round, bidding, spend, and the admins' tiers and rounds.
+
+Views parse, authorise, call one service and render. Every tenant-owned row is fetched
+through ``tenants.access`` (another tenant's bid is a 404); a MarketError from a service
+becomes a form error next to what the person typed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db.models import Sum
+from django.db.models.functions import TruncDate
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from audit.views import staff_required
+from market.charts import (
+    figure_html,
+    price_history,
+    round_utilisation,
+    spend_over_time,
+    supply_demand,
+)
+from market.errors import MarketError
+from market.forms import BidForm, TierCreateForm, TierForm, limit_field_name
+from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
+from market.services.bids import bid_cancel, bid_edit, bid_escrow, bid_place, window_seconds
+from market.services.tiers import tier_create, tier_update
+from tenants.access import access_object, require_tenant, scoped
+from tenants.budgets import budget_usage, budgets_applicable
+from tenants.ledger import balance_get
+from tenants.models import Budget, Campaign, Transfer
+
+CLEARED = (Round.Status.CLEARED, Round.Status.SETTLED, Round.Status.FINISHED)
+PRICE_HISTORY_ROUNDS = 48
+
+
+# Reads used by several pages --------------------------------------------------------------
+
+
+def _open_round() -> Round | None:
+    return Round.objects.filter(status=Round.Status.OPEN).select_related("policy").first()
+
+
+def _last_cleared_round() -> Round | None:
+    return Round.objects.filter(status__in=CLEARED).select_related("policy").order_by("-starts_at").first()
+
+
+def _active_policy() -> PolicyVersion | None:
+    # Read only: the market services create the default policy when the first round opens.
+    return PolicyVersion.objects.filter(status=PolicyVersion.Status.ACTIVE).first()
+
+
+def _offered_tiers():
+    return Tier.objects.filter(active=True).order_by("slug")
+
+
+def _supply_demand_charts(rnd: Round) -> list[str]:
+    """One supply/demand chart per tier the round offered or was bid on."""
+    demand: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    rows = (
+        BidLimit.objects.filter(bid__round=rnd)
+        .exclude(bid__status=Bid.Status.CANCELLED)
+        .values_list("tier__slug", "price", "bid__quantity")
+    )
+    for slug, price, quantity in rows:
+        demand[slug].append((price, quantity))
+    charts = []
+    for i, slug in enumerate(sorted(set(rnd.capacities) | set(demand))):
+        price = rnd.prices.get(slug)
+        fig = supply_demand(
+            tier=slug,
+            bids=demand.get(slug, []),
+            capacity=int(rnd.capacities.get(slug, 0)),
+            reserve=rnd.policy.reserve_for(slug),
+            price=int(price) if price is not None else None,
+        )
+        charts.append(figure_html(fig, element_id=f"supply-demand-{i}"))
+    return charts
+
+
+# Researchers -----------------------------------------------------------------------------
+
+
+@require_GET
+@login_required
+def market_overview(request: HttpRequest) -> HttpResponse:
+    rnd = _open_round()
+    last = _last_cleared_round()
+    policy = _active_policy()
+    history_rounds = list(
+        Round.objects.filter(status__in=CLEARED).order_by("-starts_at")[:PRICE_HISTORY_ROUNDS]
+    )[::-1]
+    series: dict[str, list[tuple[datetime, int]]] = defaultdict(list)
+    for r in history_rounds:
+        for slug, price in r.prices.items():
+            series[slug].append((r.starts_at, int(price)))
+    tiers = [
+        {
+            "tier": t,
+            "reserve": policy.reserve_for(t.slug) if policy else 0,
+            "max_share": policy.max_share_for(t.slug) if policy else 100,
+            "last_price": last.prices.get(t.slug) if last else None,
+        }
+        for t in _offered_tiers()
+    ]
+    return render(
+        request,
+        "market/overview.html",
+        {
+            "round": rnd,
+            "last": last,
+            "tiers": tiers,
+            "price_chart": figure_html(price_history(series), element_id="price-history") if series else "",
+            "supply_demand_charts": _supply_demand_charts(last) if last else [],
+        },
+    )
+
+
+def _tenant_campaigns(tenant):
+    now = timezone.now()
+    return scoped(Campaign.objects, tenant=tenant).filter(starts_at__lte=now, ends_at__gt=now)
+
+
+class _BidTerms(forms.Form):
+    """Hidden fields of the new-bid form: which round, and a retry key so a double submit
+    places one bid."""
+
+    round = forms.IntegerField(widget=forms.HiddenInput)
+    idempotency_key = forms.CharField(max_length=80, widget=forms.HiddenInput)
+
+
+def _preview(*, tenant, rnd: Round, form: BidForm) -> dict | None:
+    """What the bid would hold in escrow and what the tenant's budgets leave, before placing."""
+    if not form.is_valid():
+        return None
+    limits = form.limits()
+    escrow = bid_escrow(
+        quantity=form.cleaned_data["quantity"], limits=limits, seconds=window_seconds(rnd)
+    )
+    now = timezone.now()
+    budgets = []
+    for budget in budgets_applicable(tenant=tenant, campaign=form.cleaned_data.get("campaign"), at=now):
+        usage = budget_usage(budget=budget, at=now)
+        budgets.append({"usage": usage, "after": usage.remaining - escrow})
+    balance = balance_get(tenant=tenant)
+    return {
+        "escrow": escrow,
+        "available": balance.available,
+        "available_after": balance.available - escrow,
+        "budgets": budgets,
+        "hours": rnd.hours,
+    }
+
+
+def _bid_form_page(request, *, tenant, rnd, form, terms, preview=None, status=200):
+    return render(
+        request,
+        "market/bid_form.html",
+        {"round": rnd, "form": form, "terms": terms, "preview": preview, "editing": None},
+        status=status,
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def bid_new(request: HttpRequest) -> HttpResponse:
+    tenant = require_tenant(request.user)
+    tiers = _offered_tiers()
+    campaigns = _tenant_campaigns(tenant)
+    if request.method == "GET":
+        rnd = _open_round()
+        if rnd is None:
+            return render(request, "market/no_round.html")
+        terms = _BidTerms(initial={"round": rnd.pk, "idempotency_key": uuid.uuid4().hex})
+        return _bid_form_page(
+            request, tenant=tenant, rnd=rnd, form=BidForm(tiers=tiers, campaigns=campaigns), terms=terms
+        )
+    terms = _BidTerms(request.POST)
+    if not terms.is_valid():
+        messages.error(request, "The form was out of date; here is the round open now.")
+        return redirect("bid_new")
+    rnd = get_object_or_404(Round, pk=terms.cleaned_data["round"])
+    form = BidForm(request.POST, tiers=tiers, campaigns=campaigns)
+    if "preview" in request.POST:
+        return _bid_form_page(
+            request, tenant=tenant, rnd=rnd, form=form, terms=terms,
+            preview=_preview(tenant=tenant, rnd=rnd, form=form),
+        )
+    if form.is_valid():
+        try:
+            bid = bid_place(
+                user=request.user,
+                tenant=tenant,
+                round=rnd,
+                quantity=form.cleaned_data["quantity"],
+                min_quantity=form.cleaned_data["min_quantity"],
+                limits=form.limits(),
+                campaign=form.cleaned_data.get("campaign"),
+                idempotency_key=terms.cleaned_data["idempotency_key"],
+            )
+        except MarketError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Bid {bid.pk} placed: {bid.escrow / 1000:,.3f} credits held in escrow.")
+            return redirect("bid_detail", pk=bid.pk)
+    return _bid_form_page(
+        request, tenant=tenant, rnd=rnd, form=form, terms=terms,
+        preview=_preview(tenant=tenant, rnd=rnd, form=form) if form.is_valid() else None,
+        status=400,
+    )
+
+
+@require_POST
+@login_required
+def bid_preview(request: HttpRequest) -> HttpResponse:
+    """The escrow/budget preview alone, refreshed by htmx as the bid form changes."""
+    tenant = require_tenant(request.user)
+    terms = _BidTerms(request.POST)
+    if not terms.is_valid():
+        raise Http404("No such round.")
+    rnd = get_object_or_404(Round, pk=terms.cleaned_data["round"])
+    form = BidForm(request.POST, tiers=_offered_tiers(), campaigns=_tenant_campaigns(tenant))
+    return render(
+        request, "market/_bid_preview.html", {"preview": _preview(tenant=tenant, rnd=rnd, form=form)}
+    )
+
+
+def _my_bids(tenant):
+    return (
+        scoped(Bid.objects, tenant=tenant)
+        .select_related("round", "author", "campaign")
+        .prefetch_related("limits__tier", "allocations__tier")
+    )
+
+
+@require_GET
+@login_required
+def bid_list(request: HttpRequest) -> HttpResponse:
+    tenant = require_tenant(request.user)
+    page = Paginator(_my_bids(tenant), 25).get_page(request.GET.get("page"))
+    return render(request, "market/bid_list.html", {"page": page, "now": timezone.now()})
+
+
+@require_GET
+@login_required
+def bid_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    tenant = require_tenant(request.user)
+    bid = access_object(_my_bids(tenant), tenant=tenant, pk=pk)
+    editable = (
+        bid.status == Bid.Status.OPEN
+        and bid.round.status == Round.Status.OPEN
+        and bid.round.closes_at > timezone.now()
+    )
+    return render(request, "market/bid_detail.html", {"bid": bid, "editable": editable})
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def bid_change(request: HttpRequest, pk: int) -> HttpResponse:
+    tenant = require_tenant(request.user)
+    bid = access_object(_my_bids(tenant), tenant=tenant, pk=pk)
+    tiers = _offered_tiers()
+    if request.method == "GET":
+        initial = {"quantity": bid.quantity, "min_quantity": bid.min_quantity}
+        initial |= {limit_field_name(limit.tier): limit.price for limit in bid.limits.all()}
+        form = BidForm(initial=initial, tiers=tiers)
+        status = 200
+    else:
+        form = BidForm(request.POST, tiers=tiers)
+        if form.is_valid():
+            try:
+                bid_edit(
+                    user=request.user,
+                    tenant=tenant,
+                    bid_id=bid.pk,
+                    quantity=form.cleaned_data["quantity"],
+                    min_quantity=form.cleaned_data["min_quantity"],
+                    limits=form.limits(),
+                )
+            except MarketError as exc:
+                form.add_error(None, str(exc))
+            else:
+                messages.success(request, f"Bid {bid.pk} changed.")
+                return redirect("bid_detail", pk=bid.pk)
+        status = 400
+    return render(
+        request,
+        "market/bid_form.html",
+        {"round": bid.round, "form": form, "terms": None, "preview": None, "editing": bid},
+        status=status,
+    )
+
+
+@require_POST
+@login_required
+def bid_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
+    tenant = require_tenant(request.user)
+    try:
+        bid = bid_cancel(user=request.user, tenant=tenant, bid_id=pk)
+    except MarketError as exc:
+        messages.error(request, str(exc))
+        return redirect("bid_detail", pk=pk)
+    messages.success(request, f"Bid {bid.pk} cancelled; its escrow is available again.")
+    return redirect("bid_list")
+
+
+@require_GET
+@login_required
+def spend(request: HttpRequest) -> HttpResponse:
+    """Month-to-date spend per day, cumulative, against the monthly and daily caps."""
+    tenant = require_tenant(request.user)
+    now = timezone.now()
+    today = now.astimezone(UTC).date()
+    start = today.replace(day=1)
+    days = [start + timedelta(days=i) for i in range((today - start).days + 1)]
+    signed = {Transfer.Kind.CHARGE: 1, Transfer.Kind.REFUND: -1}
+    rows = (
+        scoped(Transfer.objects, tenant=tenant)
+        .filter(kind__in=list(signed), created_at__gte=datetime.combine(start, datetime.min.time(), tzinfo=UTC))
+        .annotate(day=TruncDate("created_at", tzinfo=UTC))
+        .values("day", "kind")
+        .annotate(total=Sum("amount"))
+    )
+    per_day: dict = defaultdict(int)
+    for row in rows:
+        per_day[row["day"]] += signed[row["kind"]] * row["total"]
+    budgets = list(scoped(Budget.objects.filter(active=True), tenant=tenant).select_related("campaign"))
+    caps = {b.get_window_display(): b.cap for b in budgets if b.window == Budget.Window.MONTH}
+    daily_cap = next((b.cap for b in budgets if b.window == Budget.Window.DAY), None)
+    fig = spend_over_time(
+        days=days, daily=[per_day.get(d, 0) for d in days], caps=caps, daily_cap=daily_cap
+    )
+    charges = (
+        scoped(Transfer.objects, tenant=tenant)
+        .filter(kind__in=list(signed))
+        .select_related("campaign")[:50]
+    )
+    return render(
+        request,
+        "market/spend.html",
+        {
+            "chart": figure_html(fig, element_id="spend-chart"),
+            "usages": [budget_usage(budget=b, at=now) for b in budgets],
+            "charges": charges,
+            "month_total": sum(per_day.values()),
+        },
+    )
+
+
+# Platform staff ----------------------------------------------------------------------------
+
+
+def _tiers_page(request, *, create_form=None, forms_by_pk=None, status=200):
+    policy = _active_policy()
+    rows = []
+    for tier in Tier.objects.order_by("slug"):
+        form = (forms_by_pk or {}).get(tier.pk) or TierForm(
+            initial={name: getattr(tier, name) for name in TierForm.base_fields}, prefix=f"t{tier.pk}"
+        )
+        rows.append(
+            {
+                "tier": tier,
+                "form": form,
+                "reserve": policy.reserve_for(tier.slug) if policy else 0,
+                "max_share": policy.max_share_for(tier.slug) if policy else 100,
+            }
+        )
+    return render(
+        request,
+        "market/staff_tiers.html",
+        {"rows": rows, "policy": policy, "create_form": create_form or TierCreateForm(prefix="new")},
+        status=status,
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@staff_required
+def staff_tiers(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return _tiers_page(request)
+    form = TierCreateForm(request.POST, prefix="new")
+    if form.is_valid():
+        try:
+            tier = tier_create(actor=request.user, **form.cleaned_data)
+        except MarketError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Tier {tier.slug} created.")
+            return redirect("staff_tiers")
+    return _tiers_page(request, create_form=form, status=400)
+
+
+@require_POST
+@staff_required
+def staff_tier_update(request: HttpRequest, pk: int) -> HttpResponse:
+    tier = get_object_or_404(Tier, pk=pk)
+    form = TierForm(request.POST, prefix=f"t{tier.pk}")
+    if form.is_valid():
+        try:
+            tier_update(tier=tier, actor=request.user, **form.cleaned_data)
+        except MarketError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Tier {tier.slug} saved.")
+            return redirect("staff_tiers")
+    return _tiers_page(request, forms_by_pk={tier.pk: form}, status=400)
+
+
+@require_GET
+@staff_required
+def staff_rounds(request: HttpRequest) -> HttpResponse:
+    rounds = Round.objects.select_related("policy", "shadow_policy").order_by("-starts_at")
+    page = Paginator(rounds, 25).get_page(request.GET.get("page"))
+    return render(request, "market/staff_rounds.html", {"page": page})
+
+
+@require_GET
+@staff_required
+def staff_round_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    rnd = get_object_or_404(Round.objects.select_related("policy", "shadow_policy"), pk=pk)
+    allocations = list(
+        Allocation.objects.filter(round=rnd).select_related("tenant", "tier").order_by("tier__slug", "tenant__name")
+    )
+    allocated: dict[str, int] = defaultdict(int)
+    for a in allocations:
+        allocated[a.tier.slug] += a.gpus
+    bids = Bid.objects.filter(round=rnd)
+    charts = []
+    if rnd.status in CLEARED:
+        charts.append(
+            figure_html(
+                round_utilisation(capacities=rnd.capacities, allocated=allocated),
+                element_id="round-utilisation",
+            )
+        )
+    charts += _supply_demand_charts(rnd)
+    return render(
+        request,
+        "market/staff_round_detail.html",
+        {
+            "round": rnd,
+            "allocations": allocations,
+            "bid_counts": {s: bids.filter(status=s).count() for s in Bid.Status.values},
+            "charts": charts,
+            "prices": sorted(rnd.prices.items()),
+            "capacities": sorted(rnd.capacities.items()),
+            "diagnostics": sorted(rnd.diagnostics.items()) if isinstance(rnd.diagnostics, dict) else [],
+        },
+    )
+

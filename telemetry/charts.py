@@ -1,0 +1,59 @@
+"""Telemetry charts: pure functions from plain data to plotly figures (no database access)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+import plotly.graph_objects as go
+
+from market.charts import figure_html
+
+__all__ = ["figure_html", "gpu_heatmap", "utilisation_lines"]
+
+_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "template": "plotly_white"}
+
+
+def gpu_heatmap(
+    *, gpus: Sequence[str], minutes: Sequence[datetime], values: Sequence[Sequence[float | None]]
+) -> go.Figure:
+    """Utilisation per GPU (rows) per minute (columns), percent; None where nothing was reported."""
+    fig = go.Figure(
+        go.Heatmap(
+            z=[list(row) for row in values],
+            x=list(minutes),
+            y=list(gpus),
+            zmin=0,
+            zmax=100,
+            colorscale="Viridis",
+            colorbar={"title": {"text": "%"}},
+            hoverongaps=False,
+            hovertemplate="%{y}<br>%{x}<br>%{z:.0f}%<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title="GPU utilisation per minute",
+        xaxis_title="Minute (UTC)",
+        height=max(260, 60 + 22 * len(gpus)),
+        **_LAYOUT,
+    )
+    return fig
+
+
+def utilisation_lines(series: Mapping[str, Sequence[tuple[datetime, float]]]) -> go.Figure:
+    """Utilisation over time, one line per GPU: {gpu label: [(time, percent)]}."""
+    fig = go.Figure()
+    for label, points in sorted(series.items()):
+        fig.add_trace(
+            go.Scatter(x=[t for t, _ in points], y=[v for _, v in points], mode="lines", name=label)
+        )
+    fig.update_layout(
+        title="GPU utilisation",
+        xaxis_title="Time (UTC)",
+        yaxis_title="Utilisation %",
+        yaxis_range=[0, 100],
+        height=320,
+        legend={"orientation": "h", "y": -0.25},
+        **_LAYOUT,
+    )
+    return fig

@@ -1,0 +1,115 @@
+"""Forms for the tenant pages: they parse what a person typed into the services' arguments.
+
+Amounts are typed in credits (up to three decimals) and handed on as integer milli-credits;
+the services validate everything else and their refusals come back as form errors.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from tenants.ledger import MILLI
+from tenants.models import Budget, Campaign, Membership, Tenant
+
+
+class CreditsField(forms.CharField):
+    """Credits as typed ("12.5", "1,000") -> integer milli-credits, never a float."""
+
+    default_error_messages = {
+        "invalid": "Enter an amount in credits, e.g. 12 or 12.5 (at most three decimals).",
+        "negative": "Enter an amount of zero or more.",
+        "zero": "Enter an amount greater than zero.",
+    }
+
+    def __init__(self, *, allow_zero: bool = False, **kwargs) -> None:
+        self.allow_zero = allow_zero
+        kwargs.setdefault("widget", forms.TextInput(attrs={"inputmode": "decimal"}))
+        super().__init__(**kwargs)
+
+    def to_python(self, value: object) -> int | None:
+        text = super().to_python(value)
+        if text in self.empty_values:
+            return None
+        try:
+            amount = Decimal(str(text).replace(",", "").strip())
+        except InvalidOperation as exc:
+            raise ValidationError(self.error_messages["invalid"], code="invalid") from exc
+        if not amount.is_finite():
+            raise ValidationError(self.error_messages["invalid"], code="invalid")
+        milli = amount * MILLI
+        if milli != milli.to_integral_value():
+            raise ValidationError(self.error_messages["invalid"], code="invalid")
+        if milli < 0:
+            raise ValidationError(self.error_messages["negative"], code="negative")
+        if milli == 0 and not self.allow_zero:
+            raise ValidationError(self.error_messages["zero"], code="zero")
+        return int(milli)
+
+    def prepare_value(self, value: object) -> object:
+        # An int here is milli-credits (an initial value); show it in credits.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"{Decimal(value) / MILLI:f}"
+        return value
+
+
+class MemberForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    role = forms.ChoiceField(choices=Membership.Role.choices)
+    password = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        label="Initial password",
+        help_text="For a new user only; leave empty for an existing user.",
+    )
+
+
+class RoleForm(forms.Form):
+    username = forms.CharField(max_length=150, widget=forms.HiddenInput)
+    role = forms.ChoiceField(choices=Membership.Role.choices)
+
+
+class CampaignForm(forms.Form):
+    name = forms.CharField(max_length=120)
+    starts_at = forms.DateTimeField(
+        label="Starts", widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        help_text="UTC",
+    )
+    ends_at = forms.DateTimeField(
+        label="Ends", widget=forms.DateTimeInput(attrs={"type": "datetime-local"}), help_text="UTC"
+    )
+
+
+class BudgetForm(forms.Form):
+    window = forms.ChoiceField(choices=Budget.Window.choices)
+    mode = forms.ChoiceField(choices=Budget.Mode.choices)
+    cap = CreditsField(allow_zero=True, label="Cap (credits)")
+    campaign = forms.ModelChoiceField(
+        queryset=Campaign.objects.none(),
+        required=False,
+        help_text="Only for the campaign window.",
+    )
+
+    def __init__(self, *args, campaigns, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["campaign"].queryset = campaigns
+
+
+class StaffBudgetForm(BudgetForm):
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.all())
+    field_order = ["tenant", "window", "mode", "cap", "campaign"]
+
+
+class GrantForm(forms.Form):
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.all())
+    amount = CreditsField(label="Amount (credits)")
+    reason = forms.CharField(max_length=300, help_text="Recorded in the ledger and the audit log.")
+
+
+class TenantForm(forms.Form):
+    name = forms.CharField(max_length=120)
+    weight = forms.IntegerField(
+        min_value=0, initial=1, help_text="Entitlement used by the fairness floor (relative)."
+    )
