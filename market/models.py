@@ -120,6 +120,9 @@ class Round(models.Model):
     prices = models.JSONField(default=dict, blank=True)
     diagnostics = models.JSONField(default=dict, blank=True)
     shadow_result = models.JSONField(null=True, blank=True)
+    # What the solver awarded, kept from clearing to settlement (two transactions):
+    # [[bid id, tier slug, gpus], ...]. Settlement turns it into allocations and charges.
+    awards = models.JSONField(default=list, blank=True)
     revenue = models.BigIntegerField(default=0)
     failure_reason = models.CharField(max_length=500, blank=True)
     cleared_at = models.DateTimeField(null=True, blank=True)
@@ -130,6 +133,10 @@ class Round(models.Model):
         ordering = ["-starts_at"]
         constraints = [
             models.UniqueConstraint(fields=["starts_at"], name="round_unique_window_start"),
+            # "Exactly one round open for bidding", held by the database as well as the service.
+            models.UniqueConstraint(
+                fields=["status"], condition=Q(status="open"), name="round_one_open"
+            ),
             models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="round_window_positive"),
             models.CheckConstraint(condition=Q(closes_at__lte=F("starts_at")), name="round_closes_before_start"),
         ]
@@ -164,6 +171,9 @@ class Bid(models.Model):
     escrow = models.BigIntegerField(default=0)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.OPEN)
     note = models.CharField(max_length=200, blank=True)
+    # A client's retry key (e.g. the API's Idempotency-Key): placing the same bid twice with
+    # one key returns the first bid instead of holding escrow twice.
+    idempotency_key = models.CharField(max_length=80, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -173,6 +183,11 @@ class Bid(models.Model):
             models.CheckConstraint(condition=Q(quantity__gte=1), name="bid_quantity_positive"),
             models.CheckConstraint(condition=Q(min_quantity__lte=F("quantity")), name="bid_min_le_quantity"),
             models.CheckConstraint(condition=Q(escrow__gte=0), name="bid_escrow_not_negative"),
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="bid_unique_idempotency_key",
+            ),
         ]
         indexes = [models.Index(fields=["round", "status"])]
 

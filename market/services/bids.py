@@ -1,0 +1,368 @@
+"""Bids: place, edit, cancel. Escrow for a bid is held in the ledger while it is open.
+
+Lock order, the same on every market path: round row, then bid rows (pk order), then the
+ledger's account rows (pk order, taken by ``tenants.ledger``). Placing a bid locks its round
+row, so a bid either commits before the round closes or sees it closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+
+import audit.services as audit
+from market.errors import MarketError
+from market.models import Bid, BidLimit, Round, Tier
+from market.services._common import MAX_GPUS, MAX_PRICE, cost_ceil, now_or, whole
+from tenants.access import access_object, membership_of
+from tenants.budgets import budget_check
+from tenants.errors import TenantError
+from tenants.ledger import credits_hold, credits_release
+from tenants.models import Campaign, Tenant
+
+
+def window_seconds(rnd: Round) -> int:
+    return int((rnd.ends_at - rnd.starts_at).total_seconds())
+
+
+def bid_escrow(*, quantity: int, limits: dict[str, int], seconds: int) -> int:
+    """What a bid holds: quantity x its highest limit x window hours, rounded up (milli-credits)."""
+    return cost_ceil(gpus=quantity, price=max(limits.values()), seconds=seconds)
+
+
+@dataclass(frozen=True)
+class _Terms:
+    quantity: int
+    min_quantity: int
+    limits: dict[str, int]  # tier slug -> milli-credits per GPU-hour
+    tiers: dict[str, Tier]
+
+
+def _terms(*, quantity: Any, min_quantity: Any, limits: Any) -> _Terms:
+    quantity = whole(quantity, field="quantity (GPUs)", minimum=1, maximum=MAX_GPUS)
+    min_quantity = whole(min_quantity, field="minimum quantity (GPUs)", minimum=0, maximum=MAX_GPUS)
+    if min_quantity > quantity:
+        raise MarketError(
+            f"minimum quantity {min_quantity} is more than the quantity {quantity}; "
+            "the minimum is the smallest useful number of GPUs, at most the quantity"
+        )
+    if not isinstance(limits, dict) or not limits:
+        raise MarketError(
+            "a bid needs a limit price for at least one tier ({tier slug: milli-credits/GPU-h})"
+        )
+    tiers = Tier.objects.in_bulk(list(limits), field_name="slug")
+    unknown = sorted(str(slug) for slug in limits if slug not in tiers)
+    if unknown:
+        offered = Tier.objects.filter(active=True).values_list("slug", flat=True)
+        raise MarketError(
+            f"unknown tier {', '.join(unknown)}; tiers on offer: {', '.join(offered) or 'none'}"
+        )
+    inactive = sorted(slug for slug, tier in tiers.items() if not tier.active)
+    if inactive:
+        raise MarketError(f"tier {', '.join(inactive)} is not on offer now; bid on another tier")
+    clean = {
+        slug: whole(
+            price,
+            field=f"limit price for {slug} (milli-credits per GPU-hour)",
+            minimum=1,
+            maximum=MAX_PRICE,
+        )
+        for slug, price in sorted(limits.items())
+    }
+    return _Terms(quantity=quantity, min_quantity=min_quantity, limits=clean, tiers=tiers)
+
+
+def _round_open_locked(*, round_id: int, now: datetime) -> Round:
+    rnd = Round.objects.select_for_update().get(pk=round_id)
+    if rnd.status != Round.Status.OPEN or rnd.closes_at <= now:
+        raise MarketError(
+            f"bidding for round {rnd.pk} closed at {rnd.closes_at:%Y-%m-%d %H:%M:%S} UTC; "
+            "bid in the round that is open now"
+        )
+    return rnd
+
+
+def _budget_or_refuse(
+    *, tenant: Tenant, amount: int, campaign: Campaign | None, now: datetime
+) -> None:
+    decision = budget_check(tenant=tenant, amount=amount, campaign=campaign, at=now)
+    if not decision.allowed:
+        raise MarketError(f"bid refused: {decision.reason}")
+
+
+def _ledger(call: Callable[..., object], **kwargs: Any) -> None:
+    try:
+        call(**kwargs)
+    except TenantError as exc:
+        raise MarketError(f"bid refused: {exc}") from exc
+
+
+def _snapshot(bid: Bid, limits: dict[str, int]) -> dict[str, Any]:
+    return {
+        "round": bid.round_id,
+        "quantity": bid.quantity,
+        "min_quantity": bid.min_quantity,
+        "limits": limits,
+        "escrow": bid.escrow,
+        "status": bid.status,
+        "campaign": bid.campaign_id,
+    }
+
+
+def _limits_of(bid: Bid) -> dict[str, int]:
+    return dict(bid.limits.order_by("tier__slug").values_list("tier__slug", "price"))
+
+
+def _check_member(*, user: AbstractBaseUser, tenant: Tenant) -> None:
+    membership = membership_of(user)
+    if membership is None or membership.tenant_id != tenant.pk:
+        raise MarketError(f"{user} is not a member of {tenant.slug} and cannot bid for it")
+
+
+@transaction.atomic
+def bid_place(
+    *,
+    user: AbstractBaseUser,
+    tenant: Tenant,
+    round: Round,  # the domain's word, though it shadows the builtin here
+    quantity: int,
+    min_quantity: int = 0,
+    limits: dict[str, int],
+    campaign: Campaign | None = None,
+    idempotency_key: str | None = None,
+    note: str = "",
+    now: datetime | None = None,
+) -> Bid:
+    """Place a bid for ``quantity`` GPUs (all-or-nothing below ``min_quantity``; 0 = any) with a
+    limit price per acceptable tier, {tier slug: milli-credits per GPU-hour}.
+
+    Holds quantity x highest limit x window hours (rounded up) in escrow, after the tenant's
+    budgets allow it. ``tenant`` comes from the access helpers (the caller's tenant). With an
+    ``idempotency_key`` a retry returns the first bid. Raises MarketError with the reason;
+    on any refusal nothing is written.
+    """
+    now = now_or(now)
+    _check_member(user=user, tenant=tenant)
+    terms = _terms(quantity=quantity, min_quantity=min_quantity, limits=limits)
+    if campaign is not None and campaign.tenant_id != tenant.pk:
+        raise MarketError(f"campaign {campaign.name!r} does not belong to {tenant.slug}")
+    key = (idempotency_key or "").strip()
+    if key:
+        if len(key) > 80:
+            raise MarketError("an idempotency key has at most 80 characters")
+        previous = Bid.objects.filter(tenant=tenant, idempotency_key=key).first()
+        if previous is not None:
+            return _same_bid_or_refuse(previous, terms=terms, round_id=round.pk, key=key)
+    rnd = _round_open_locked(round_id=round.pk, now=now)
+    escrow = bid_escrow(quantity=terms.quantity, limits=terms.limits, seconds=window_seconds(rnd))
+    _budget_or_refuse(tenant=tenant, amount=escrow, campaign=campaign, now=now)
+    try:
+        with transaction.atomic():
+            bid = Bid.objects.create(
+                tenant=tenant,
+                author=user,
+                round=rnd,
+                campaign=campaign,
+                quantity=terms.quantity,
+                min_quantity=terms.min_quantity,
+                escrow=escrow,
+                note=str(note or "")[:200],
+                idempotency_key=key,
+            )
+    except IntegrityError:
+        if not key:
+            raise
+        # The same key raced in from another request; that one owns the bid.
+        previous = Bid.objects.get(tenant=tenant, idempotency_key=key)
+        return _same_bid_or_refuse(previous, terms=terms, round_id=round.pk, key=key)
+    BidLimit.objects.bulk_create(
+        [
+            BidLimit(bid=bid, tier=terms.tiers[slug], price=price)
+            for slug, price in terms.limits.items()
+        ]
+    )
+    _ledger(
+        credits_hold,
+        tenant=tenant,
+        amount=escrow,
+        actor=user,
+        reason=f"escrow for bid {bid.pk} in round {rnd.pk}",
+        reference=f"bid:{bid.pk}",
+        campaign=campaign,
+    )
+    audit.record(
+        actor=user,
+        action="bid.place",
+        target=bid,
+        tenant=tenant,
+        after=_snapshot(bid, terms.limits),
+    )
+    return bid
+
+
+def _same_bid_or_refuse(previous: Bid, *, terms: _Terms, round_id: int, key: str) -> Bid:
+    same = (
+        previous.round_id == round_id
+        and previous.quantity == terms.quantity
+        and previous.min_quantity == terms.min_quantity
+        and _limits_of(previous) == terms.limits
+    )
+    if not same:
+        raise MarketError(
+            f"idempotency key {key!r} was already used for bid {previous.pk} with other terms; use a new key"
+        )
+    return previous
+
+
+def _bid_locked(*, tenant: Tenant, bid_id: object, now: datetime) -> tuple[Round, Bid]:
+    """The caller's open bid and its open round, both locked (round first). Another tenant's
+    bid is a 404, exactly like a missing one."""
+    bid = access_object(Bid.objects.all(), tenant=tenant, pk=bid_id)
+    rnd = Round.objects.select_for_update().get(pk=bid.round_id)
+    bid = Bid.objects.select_for_update().get(pk=bid.pk)
+    if bid.status != Bid.Status.OPEN:
+        raise MarketError(f"bid {bid.pk} is {bid.status}; only an open bid can be changed")
+    if rnd.status != Round.Status.OPEN or rnd.closes_at <= now:
+        raise MarketError(
+            f"bidding for round {rnd.pk} closed at {rnd.closes_at:%Y-%m-%d %H:%M:%S} UTC; "
+            f"bid {bid.pk} can no longer be changed"
+        )
+    return rnd, bid
+
+
+@transaction.atomic
+def bid_edit(
+    *,
+    user: AbstractBaseUser,
+    tenant: Tenant,
+    bid_id: object,
+    quantity: int | None = None,
+    min_quantity: int | None = None,
+    limits: dict[str, int] | None = None,
+    now: datetime | None = None,
+) -> Bid:
+    """Change an open bid before its round closes. Escrow follows the new terms: the extra is
+    held (after the budget check) or the difference released. Omitted terms stay as they are."""
+    now = now_or(now)
+    _check_member(user=user, tenant=tenant)
+    rnd, bid = _bid_locked(tenant=tenant, bid_id=bid_id, now=now)
+    old_limits = _limits_of(bid)
+    terms = _terms(
+        quantity=bid.quantity if quantity is None else quantity,
+        min_quantity=bid.min_quantity if min_quantity is None else min_quantity,
+        limits=old_limits if limits is None else limits,
+    )
+    before = _snapshot(bid, old_limits)
+    escrow = bid_escrow(quantity=terms.quantity, limits=terms.limits, seconds=window_seconds(rnd))
+    difference = escrow - bid.escrow
+    common = {
+        "tenant": tenant,
+        "actor": user,
+        "reference": f"bid:{bid.pk}",
+        "campaign": bid.campaign,
+    }
+    if difference > 0:
+        _budget_or_refuse(tenant=tenant, amount=difference, campaign=bid.campaign, now=now)
+        _ledger(credits_hold, amount=difference, reason=f"bid {bid.pk} raised", **common)
+    elif difference < 0:
+        _ledger(credits_release, amount=-difference, reason=f"bid {bid.pk} lowered", **common)
+    bid.quantity, bid.min_quantity, bid.escrow = terms.quantity, terms.min_quantity, escrow
+    bid.save(update_fields=["quantity", "min_quantity", "escrow", "updated_at"])
+    if terms.limits != old_limits:
+        bid.limits.all().delete()
+        BidLimit.objects.bulk_create(
+            [
+                BidLimit(bid=bid, tier=terms.tiers[slug], price=price)
+                for slug, price in terms.limits.items()
+            ]
+        )
+    audit.record(
+        actor=user,
+        action="bid.edit",
+        target=bid,
+        tenant=tenant,
+        before=before,
+        after=_snapshot(bid, terms.limits),
+    )
+    return bid
+
+
+def _cancel_locked(*, bid: Bid, actor: AbstractBaseUser | str | None, reason: str) -> None:
+    if bid.escrow:
+        credits_release(
+            tenant=bid.tenant,
+            amount=bid.escrow,
+            actor=actor if isinstance(actor, AbstractBaseUser) else None,
+            reason=reason,
+            reference=f"bid:{bid.pk}",
+            campaign=bid.campaign,
+            idempotency_key=f"cancel:{bid.pk}",
+        )
+    released, bid.escrow, bid.status = bid.escrow, 0, Bid.Status.CANCELLED
+    bid.save(update_fields=["escrow", "status", "updated_at"])
+    audit.record(
+        actor=actor,
+        action="bid.cancel",
+        target=bid,
+        tenant=bid.tenant,
+        before={"status": Bid.Status.OPEN, "escrow": released},
+        after={"status": bid.status, "released": released, "reason": reason},
+    )
+
+
+@transaction.atomic
+def bid_cancel(
+    *, user: AbstractBaseUser, tenant: Tenant, bid_id: object, now: datetime | None = None
+) -> Bid:
+    """Cancel an open bid before its round closes; its whole escrow goes back to available."""
+    now = now_or(now)
+    _check_member(user=user, tenant=tenant)
+    _rnd, bid = _bid_locked(tenant=tenant, bid_id=bid_id, now=now)
+    _cancel_locked(bid=bid, actor=user, reason=f"bid {bid.pk} cancelled by {user}")
+    return bid
+
+
+@transaction.atomic
+def tenant_bids_cancel(
+    *,
+    tenant: Tenant,
+    reason: str,
+    actor: AbstractBaseUser | str | None = "system",
+    now: datetime | None = None,
+) -> list[Bid]:
+    """Cancel every bid the tenant has in rounds still open for bidding (e.g. a hard budget cap
+    was reached). Returns the cancelled bids."""
+    now = now_or(now)
+    if not (reason or "").strip():
+        raise MarketError("cancelling a tenant's bids needs a reason")
+    candidates = set(
+        Bid.objects.filter(tenant=tenant, status=Bid.Status.OPEN).values_list("round_id", flat=True)
+    )
+    round_ids = list(
+        Round.objects.select_for_update()
+        .filter(pk__in=candidates, status=Round.Status.OPEN, closes_at__gt=now)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    bids = list(
+        Bid.objects.select_for_update(of=("self",))
+        .filter(tenant=tenant, round_id__in=round_ids, status=Bid.Status.OPEN)
+        .select_related("tenant", "campaign")
+        .order_by("pk")
+    )
+    for bid in bids:
+        _cancel_locked(bid=bid, actor=actor, reason=reason.strip())
+    if bids:
+        audit.record(
+            actor=actor,
+            action="bid.cancel_all",
+            target=tenant,
+            tenant=tenant,
+            after={"bids": [b.pk for b in bids], "count": len(bids), "reason": reason.strip()},
+        )
+    return bids

@@ -1,0 +1,298 @@
+"""Clearing a round: the solver instance is built from the database (vectorised), solved
+under the round's policy (and its shadow policy, for comparison only), and the outcome kept on
+the round for settlement. The claim on the round is its row lock; its status says what is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from django.db import transaction
+
+import audit.services as audit
+from market import clearing
+from market.errors import MarketError
+from market.models import Bid, BidLimit, PolicyVersion, Round, Tier
+from market.services._common import cost_floor, now_or
+from market.services.bids import window_seconds
+from market.services.rounds import _close_locked
+from market.services.settlement import round_fail
+from tenants.models import Tenant
+
+logger = logging.getLogger(__name__)
+
+# Fault injection for the crash test (tests/market/test_market_celery.py) and for operators
+# rehearsing recovery: when set to a directory, the clearing path writes
+# ``<dir>/claimed-<round id>`` right after it has claimed a round under its row lock, then
+# waits there (up to CLEARING_HOLD_SECONDS) so the process can be killed mid-clearing at a
+# known point. Unset in every real deployment; read at call time, never at import.
+CLEARING_HOLD_ENV = "GPUMARKET_TEST_CLEARING_HOLD"
+CLEARING_HOLD_SECONDS = 120
+
+
+def _fault_injection_hold(round_id: int) -> None:
+    folder = os.environ.get(CLEARING_HOLD_ENV)
+    if not folder:
+        return
+    marker = Path(folder) / f"claimed-{round_id}"
+    marker.write_text(str(os.getpid()))
+    logger.warning(
+        "%s is set: holding round %s mid-clearing for the crash test", CLEARING_HOLD_ENV, round_id
+    )
+    time.sleep(CLEARING_HOLD_SECONDS)
+
+
+@dataclass(frozen=True)
+class RoundData:
+    """The round's open bids and offered tiers as arrays (row = bid, column = tier)."""
+
+    bid_ids: np.ndarray  # (n_bids,) int64
+    tenant_ids: np.ndarray  # (n_bids,) int64
+    quantity: np.ndarray  # (n_bids,) int64, GPUs
+    min_quantity: np.ndarray  # (n_bids,) int64, GPUs (0 = divisible)
+    escrow: np.ndarray  # (n_bids,) int64, milli-credits
+    limits: np.ndarray  # (n_bids, n_tiers) int64, milli-credits per GPU-hour; 0 = not acceptable
+    tier_slugs: list[str]  # (n_tiers,)
+    capacity: np.ndarray  # (n_tiers,) int64, GPUs offered (healthy capacity less maintenance)
+    tenant_weights: dict[int, int]  # tenant id -> entitlement weight
+    seconds: int  # window length
+
+
+def round_data(rnd: Round) -> RoundData:
+    """Read a round's inputs with three queries and no Python object per bid."""
+    tiers = list(
+        Tier.objects.filter(active=True)
+        .order_by("pk")
+        .values_list("pk", "slug", "capacity", "maintenance_gpus")
+    )
+    tier_pks = np.array([t[0] for t in tiers], dtype=np.int64)
+    capacity = np.array([max(t[2] - t[3], 0) for t in tiers], dtype=np.int64)
+    rows = np.array(
+        Bid.objects.filter(round=rnd, status=Bid.Status.OPEN)
+        .order_by("pk")
+        .values_list("pk", "tenant_id", "quantity", "min_quantity", "escrow"),
+        dtype=np.int64,
+    ).reshape(-1, 5)
+    limit_rows = np.array(
+        BidLimit.objects.filter(
+            bid__round=rnd, bid__status=Bid.Status.OPEN, tier__active=True
+        ).values_list("bid_id", "tier_id", "price"),
+        dtype=np.int64,
+    ).reshape(-1, 3)
+    limits = np.zeros((rows.shape[0], len(tiers)), dtype=np.int64)
+    if limit_rows.size:
+        # Both id columns are sorted, so a binary search maps ids to row/column positions.
+        limits[
+            np.searchsorted(rows[:, 0], limit_rows[:, 0]),
+            np.searchsorted(tier_pks, limit_rows[:, 1]),
+        ] = limit_rows[:, 2]
+    tenant_ids = rows[:, 1]
+    weights = dict(
+        Tenant.objects.filter(pk__in=np.unique(tenant_ids).tolist()).values_list("pk", "weight")
+    )
+    return RoundData(
+        bid_ids=rows[:, 0],
+        tenant_ids=tenant_ids,
+        quantity=rows[:, 2],
+        min_quantity=rows[:, 3],
+        escrow=rows[:, 4],
+        limits=limits,
+        tier_slugs=[t[1] for t in tiers],
+        capacity=capacity,
+        tenant_weights=weights,
+        seconds=window_seconds(rnd),
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A solved round in the platform's units."""
+
+    gpus: np.ndarray  # (n_bids, n_tiers) int64, GPUs awarded
+    prices: dict[str, int]  # tier slug -> milli-credits per GPU-hour, rounded down
+    diagnostics: dict[str, Any]
+
+    def awards(self, data: RoundData) -> list[list[Any]]:
+        rows, cols = np.nonzero(self.gpus)
+        return [
+            [int(data.bid_ids[r]), data.tier_slugs[c], int(self.gpus[r, c])]
+            for r, c in zip(rows, cols, strict=True)
+        ]
+
+    def revenue(self, data: RoundData) -> int:
+        """What settlement would charge: per award gpus x min(price, limit) x hours, rounded down."""
+        total = 0
+        rows, cols = np.nonzero(self.gpus)
+        for r, c in zip(rows, cols, strict=True):
+            price = min(self.prices[data.tier_slugs[c]], int(data.limits[r, c]))
+            total += cost_floor(gpus=int(self.gpus[r, c]), price=price, seconds=data.seconds)
+        return total
+
+
+def tier_price(raw: float, *, reserve: int) -> int:
+    """A solver price (a float from the capacity dual) as integer milli-credits per GPU-hour.
+
+    Rounded DOWN, so the uniform price never rises above the limit of a winner whose limit set
+    it; a winner pays min(price, its limit) anyway. A tolerance of 1e-6 keeps solver noise
+    (4999.9999999 for 5000) from costing a whole milli-credit, and the price is never below the
+    tier's reserve.
+    """
+    if not math.isfinite(raw):
+        raise clearing.ClearingError(f"the solver returned a non-finite price {raw!r}")
+    return max(int(math.floor(raw + 1e-6)), reserve)
+
+
+def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
+    """Solve one round's instance under ``policy``. Raises clearing.ClearingError."""
+    reserves = np.array([policy.reserve_for(slug) for slug in data.tier_slugs], dtype=np.int64)
+    if data.bid_ids.size == 0:
+        return Outcome(
+            gpus=np.zeros((0, len(data.tier_slugs)), dtype=np.int64),
+            prices=dict(zip(data.tier_slugs, (int(r) for r in reserves), strict=True)),
+            diagnostics={"status": "no bids", "mechanism": policy.mechanism},
+        )
+    instance = _instance(data=data, policy=policy, reserves=reserves)
+    result = clearing.clear(instance, policy=policy.mechanism, params=policy.params or None)
+    return _outcome(result=result, data=data, reserves=reserves, mechanism=policy.mechanism)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    return str(value)
+
+
+def _summary(outcome: Outcome, data: RoundData, policy: PolicyVersion) -> dict[str, Any]:
+    allocated = (
+        outcome.gpus.sum(axis=0)
+        if outcome.gpus.size
+        else np.zeros(len(data.tier_slugs), dtype=np.int64)
+    )
+    per_tenant: dict[str, int] = {}
+    if outcome.gpus.size:
+        totals = outcome.gpus.sum(axis=1)
+        for tenant_id in np.unique(data.tenant_ids):
+            per_tenant[str(int(tenant_id))] = int(totals[data.tenant_ids == tenant_id].sum())
+    return {
+        "policy": policy.pk,
+        "number": policy.number,
+        "mechanism": policy.mechanism,
+        "prices": outcome.prices,
+        "allocated": {slug: int(allocated[i]) for i, slug in enumerate(data.tier_slugs)},
+        "gpus_by_tenant": per_tenant,
+        "winners": int(np.count_nonzero(outcome.gpus.sum(axis=1))) if outcome.gpus.size else 0,
+        "revenue": outcome.revenue(data),
+        "utilisation": outcome.diagnostics.get("utilisation"),
+        "fairness": outcome.diagnostics.get("jain_index"),
+        "awards": outcome.awards(data),
+        "diagnostics": outcome.diagnostics,
+    }
+
+
+@transaction.atomic
+def round_clear(*, round_id: int, now: datetime | None = None) -> Round:
+    """Claim a round whose bidding has closed and solve it; the outcome (awards, prices,
+    capacities, diagnostics and the shadow comparison) is stored and the round is ``cleared``.
+
+    Single-flight: the round row is locked for the whole clearing, and a round that is no
+    longer ``closed`` (already cleared, settled, failed...) is returned untouched. An open round
+    whose bidding time is over is closed first, in the same transaction. A solver error fails
+    the round (every hold released) with the solver's reason.
+    """
+    now = now_or(now)
+    rnd = (
+        Round.objects.select_for_update().select_related("policy", "shadow_policy").get(pk=round_id)
+    )
+    if rnd.status == Round.Status.OPEN:
+        if rnd.closes_at > now:
+            raise MarketError(
+                f"round {rnd.pk} is still open for bids until {rnd.closes_at:%Y-%m-%d %H:%M:%S} UTC"
+            )
+        _close_locked(rnd, now=now)
+    if rnd.status != Round.Status.CLOSED:
+        return rnd
+    _fault_injection_hold(rnd.pk)
+    data = round_data(rnd)
+    try:
+        outcome = solve(data=data, policy=rnd.policy)
+    except clearing.ClearingError as exc:
+        logger.error("round %s: solver failed: %s", rnd.pk, exc)
+        return round_fail(round=rnd, reason=f"the solver could not clear this round: {exc}")
+    rnd.capacities = dict(zip(data.tier_slugs, (int(c) for c in data.capacity), strict=True))
+    rnd.prices = outcome.prices
+    rnd.awards = outcome.awards(data)
+    rnd.diagnostics = outcome.diagnostics | {
+        "expected_revenue": outcome.revenue(data),
+        "bids": int(data.bid_ids.size),
+    }
+    rnd.shadow_result = _shadow(rnd=rnd, data=data)
+    rnd.status = Round.Status.CLEARED
+    rnd.cleared_at = now
+    rnd.save(
+        update_fields=[
+            "capacities",
+            "prices",
+            "awards",
+            "diagnostics",
+            "shadow_policy",
+            "shadow_result",
+            "status",
+            "cleared_at",
+        ]
+    )
+    audit.record(
+        actor="system",
+        action="round.clear",
+        target=rnd,
+        before={"status": Round.Status.CLOSED},
+        after={
+            "status": rnd.status,
+            "mechanism": rnd.policy.mechanism,
+            "policy": rnd.policy.number,
+            "bids": int(data.bid_ids.size),
+            "awards": len(rnd.awards),
+            "prices": rnd.prices,
+            "capacities": rnd.capacities,
+            "shadow": rnd.shadow_policy.number if rnd.shadow_policy_id else None,
+        },
+    )
+    return rnd
+
+
+def _shadow(*, rnd: Round, data: RoundData) -> dict[str, Any] | None:
+    """Clear the same bids under the shadow policy (the round's, else the current one) and
+    summarise the outcome for side-by-side comparison. Never touches the ledger; a shadow
+    solver failure is recorded here and does not affect the round."""
+    if rnd.shadow_policy is None:
+        rnd.shadow_policy = PolicyVersion.objects.filter(status=PolicyVersion.Status.SHADOW).first()
+    shadow = rnd.shadow_policy
+    if shadow is None or shadow.pk == rnd.policy_id:
+        return None
+    try:
+        return _jsonable(_summary(solve(data=data, policy=shadow), data, shadow))
+    except clearing.ClearingError as exc:
+        return {
+            "policy": shadow.pk,
+            "number": shadow.number,
+            "mechanism": shadow.mechanism,
+            "error": str(exc),
+        }
