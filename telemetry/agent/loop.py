@@ -44,7 +44,7 @@ class Backoff:
     cap_seconds: float = 60.0
 
     def delay(self, *, failures: int, rng: random.Random) -> float:
-        ceiling = min(self.cap_seconds, self.base_seconds * 2 ** min(max(failures - 1, 0), 30))
+        ceiling = min(self.cap_seconds, self.base_seconds * 2.0 ** min(max(failures - 1, 0), 30))
         return ceiling / 2 + rng.uniform(0, ceiling / 2)
 
 

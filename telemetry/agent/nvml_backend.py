@@ -121,7 +121,7 @@ class NvmlBackend:
         if gpu.uuid in self._no_power_sensor:
             return 0.0
         try:
-            return pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0  # NVML reports milliwatts
+            return float(pynvml.nvmlDeviceGetPowerUsage(handle)) / 1000.0  # NVML reports milliwatts
         except pynvml.NVMLError_NotSupported:
             logger.warning("GPU %s has no power sensor; reporting 0 W", gpu.uuid)
             self._no_power_sensor.add(gpu.uuid)
@@ -133,7 +133,7 @@ class NvmlBackend:
             return estimate
         try:
             # NVML reports millijoules since the driver was last loaded.
-            return pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0
+            return float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1000.0
         except pynvml.NVMLError_NotSupported:
             logger.warning(
                 "GPU %s has no energy counter; integrating power readings instead", gpu.uuid
