@@ -192,6 +192,14 @@ CELERY_TIMEZONE = "UTC"
 GPUMARKET_NODE_STALE_SECONDS = env_int("GPUMARKET_NODE_STALE_SECONDS", 90)
 GPUMARKET_SAMPLE_RETENTION_HOURS = env_int("GPUMARKET_SAMPLE_RETENTION_HOURS", 48)
 GPUMARKET_PREEMPT_GRACE_SECONDS = env_int("GPUMARKET_PREEMPT_GRACE_SECONDS", 30)
+# Ingest limits: how far a batch's clock may differ from ours, how old a backlogged sample may
+# be (keep it below the retention window), and the size of one batch.
+GPUMARKET_CLOCK_SKEW_SECONDS = env_int("GPUMARKET_CLOCK_SKEW_SECONDS", 120)
+GPUMARKET_SAMPLE_MAX_AGE_SECONDS = env_int("GPUMARKET_SAMPLE_MAX_AGE_SECONDS", 6 * 3600)
+GPUMARKET_INGEST_MAX_SAMPLES = env_int("GPUMARKET_INGEST_MAX_SAMPLES", 10_000)
+GPUMARKET_INGEST_MAX_BYTES = env_int("GPUMARKET_INGEST_MAX_BYTES", 8 * 1024 * 1024)
+# A directive the agent reported as failed is issued again after this long, not every tick.
+GPUMARKET_ENFORCE_RETRY_SECONDS = env_int("GPUMARKET_ENFORCE_RETRY_SECONDS", 60)
 
 if not DEBUG:
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)

@@ -1,0 +1,123 @@
+"""The ingest endpoint (node agents) and the enforcement actions a tenant may see.
+
+Ingest is a plain Django view, not a DRF one: it carries the fleet's whole sample stream,
+its body is parsed once by our own strict parser, and it authenticates nodes, not users.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework import serializers
+from rest_framework.generics import ListAPIView
+from rest_framework.pagination import LimitOffsetPagination
+
+from telemetry import selectors, services
+from telemetry.errors import TelemetryError
+from telemetry.models import EnforcementAction
+from telemetry.payload import payload_load
+from tenants.access import require_tenant
+
+
+def _refusal(exc: TelemetryError) -> JsonResponse:
+    response = JsonResponse({"errors": exc.errors}, status=exc.status)
+    if exc.status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="gpumarket-telemetry"'
+    return response
+
+
+def directive_to_wire(action: EnforcementAction) -> dict[str, Any]:
+    return {
+        "id": action.pk,
+        "action": action.action,
+        "gpu": action.gpu.uuid,
+        "pid": action.pid,
+        "allocation": action.allocation_ref,
+        "slurm_job": action.slurm_job or None,
+        "pod": action.pod or None,
+        "namespace": None,
+        "grace_seconds": action.grace_seconds,
+        "reason": action.reason,
+    }
+
+
+@csrf_exempt
+def ingest(request: HttpRequest) -> JsonResponse:
+    """POST a batch (docs/telemetry-protocol.md) with ``Authorization: Bearer <node token>``."""
+    if request.method != "POST":
+        response = JsonResponse({"errors": {"method": ["use POST"]}}, status=405)
+        response["Allow"] = "POST"
+        return response
+    try:
+        node = services.node_authenticate(authorization=request.headers.get("Authorization", ""))
+    except TelemetryError as exc:
+        return _refusal(exc)
+    content_type = request.content_type or ""
+    if content_type != "application/json":
+        return JsonResponse(
+            {"errors": {"content_type": [f"must be application/json, got {content_type!r}"]}},
+            status=415,
+        )
+    limit = settings.GPUMARKET_INGEST_MAX_BYTES
+    too_big = {
+        "body": [f"is larger than {limit} bytes; send fewer samples per batch"],
+    }
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limit:
+        return JsonResponse({"errors": too_big}, status=413)
+    # Read the stream directly: request.body would apply DATA_UPLOAD_MAX_MEMORY_SIZE, a limit
+    # meant for form posts, not for telemetry batches.
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        return JsonResponse({"errors": too_big}, status=413)
+    try:
+        result = services.samples_ingest(node=node, payload=payload_load(body))
+    except TelemetryError as exc:
+        return _refusal(exc)
+    return JsonResponse(
+        {
+            "stored": result.stored,
+            "duplicate": result.duplicate,
+            "directives": [directive_to_wire(a) for a in result.directives],
+        }
+    )
+
+
+class EnforcementActionSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name")
+    gpu = serializers.CharField(source="gpu.uuid")
+    allocation = serializers.IntegerField(source="allocation_id", allow_null=True)
+
+    class Meta:
+        model = EnforcementAction
+        fields = [
+            "id",
+            "action",
+            "state",
+            "reason",
+            "detail",
+            "node",
+            "gpu",
+            "pid",
+            "allocation",
+            "grace_seconds",
+            "created_at",
+            "delivered_at",
+            "acknowledged_at",
+        ]
+
+
+class EnforcementActionList(ListAPIView):
+    """The enforcement actions taken on the caller's tenant's work, newest first."""
+
+    serializer_class = EnforcementActionSerializer
+    pagination_class = LimitOffsetPagination
+
+    def get_queryset(self):
+        return selectors.actions_for_tenant(tenant=require_tenant(self.request.user))

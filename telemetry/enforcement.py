@@ -1,0 +1,379 @@
+"""The enforcement loop: desired state (allocations, budgets) against observed state (the
+processes in each GPU's latest sample); differences become EnforcementActions, which are the
+directives the node agents carry out.
+
+Rules, per observed process:
+- no allocation tag, or a tag naming no allocation: pause;
+- its allocation's window has ended, or it was finished, preempted or revoked: terminate
+  (SIGTERM, then SIGKILL after GPUMARKET_PREEMPT_GRACE_SECONDS);
+- its allocation has not started, or is paused by the market: pause;
+- on a GPU of another tier than its allocation's: pause;
+- its tenant has reached a hard spend cap: pause;
+- its allocation's processes occupy more GPUs than it won: pause the processes on the extra
+  GPUs (the GPUs it runs on are kept first, then the lowest GPU ids);
+- otherwise it may run: a process this loop paused is resumed.
+
+Idempotent: an action is issued only when the process's *expected* state (what it is, or
+will be once pending directives are carried out) differs from what is wanted. A failed
+directive is retried after GPUMARKET_ENFORCE_RETRY_SECONDS, not on every tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+import audit.services as audit
+from market.models import Allocation
+from market.services import tenant_bids_cancel
+from telemetry.models import EnforcementAction, Node, ProcessObservation
+from tenants.budgets import budget_alerts_raise, tenant_hard_capped
+from tenants.ledger import credits
+from tenants.models import Budget, Tenant
+
+logger = logging.getLogger(__name__)
+
+Action = EnforcementAction.Action
+State = EnforcementAction.State
+
+RUN = "run"
+STOPPED = ProcessObservation.State.STOPPED
+RUNNING = ProcessObservation.State.RUNNING
+TERMINATING = "terminating"
+
+# Any fixed 64-bit key: only one enforcement pass at a time (two would issue twice).
+_ENFORCE_LOCK_KEY = 7_412_002
+_EFFECT = {Action.PAUSE: STOPPED, Action.RESUME: RUNNING, Action.TERMINATE: TERMINATING}
+_ENDED = (Allocation.Status.FINISHED, Allocation.Status.PREEMPTED, Allocation.Status.REVOKED)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    want: str  # RUN, Action.PAUSE or Action.TERMINATE
+    reason: str
+    allocation: Allocation | None = None
+    tenant: Tenant | None = None
+
+
+@dataclass
+class EnforceReport:
+    issued: list[EnforcementAction] = field(default_factory=list)
+    capped_tenants: list[int] = field(default_factory=list)
+    bids_cancelled: int = 0
+    skipped: bool = False  # another pass held the lock
+
+
+def enforce(*, now: datetime | None = None) -> EnforceReport:
+    """One pass of the loop: raise budget alerts, apply hard caps, issue directives."""
+    now = now or timezone.now()
+    capped = spend_caps_apply(now=now)
+    report = directives_issue(now=now, capped=capped)
+    report.capped_tenants = sorted(capped)
+    report.bids_cancelled = _open_bids_cancel(tenants=capped)
+    return report
+
+
+def spend_caps_apply(*, now: datetime) -> dict[int, Budget]:
+    """Raise soft alerts (50/80/100 %) for every tenant with a budget; return the tenants at a
+    hard cap now, with the budget that caps them."""
+    capped: dict[int, Budget] = {}
+    tenant_ids = Budget.objects.filter(active=True).values_list("tenant_id", flat=True).distinct()
+    for tenant in Tenant.objects.filter(pk__in=tenant_ids).order_by("pk"):
+        budget_alerts_raise(tenant=tenant, at=now)
+        budget = tenant_hard_capped(tenant=tenant, at=now)
+        if budget is not None:
+            capped[tenant.pk] = budget
+    return capped
+
+
+def _open_bids_cancel(*, tenants: dict[int, Budget]) -> int:
+    """Cancel the open bids of hard-capped tenants (the market releases their escrow)."""
+    cancelled = 0
+    for tenant in Tenant.objects.filter(pk__in=tenants).order_by("pk"):
+        budget = tenants[tenant.pk]
+        cancelled += len(
+            tenant_bids_cancel(
+                tenant=tenant,
+                reason=f"hard spend cap of {credits(budget.cap)} credits reached",
+                actor="enforcer",
+            )
+        )
+    return cancelled
+
+
+def _lock() -> bool:
+    if connection.vendor != "postgresql":
+        return True  # SQLite serialises writers already
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [_ENFORCE_LOCK_KEY])
+        return bool(cursor.fetchone()[0])
+
+
+@transaction.atomic
+def directives_issue(*, now: datetime, capped: dict[int, Budget]) -> EnforceReport:
+    """Compare wanted and expected state of every freshly observed process; issue actions."""
+    if not _lock():
+        return EnforceReport(skipped=True)
+    fresh_after = now - timedelta(seconds=settings.GPUMARKET_NODE_STALE_SECONDS)
+    observations = list(
+        ProcessObservation.objects.filter(
+            node__healthy=True, node__revoked_at__isnull=True, seen_at__gte=fresh_after
+        )
+        .select_related("gpu", "node")
+        .order_by("gpu_id", "pid")
+    )
+    if not observations:
+        return EnforceReport()
+    latest = _latest_actions(observations)
+    verdicts = _verdicts(observations=observations, latest=latest, capped=capped, now=now)
+    retry_after = timedelta(seconds=settings.GPUMARKET_ENFORCE_RETRY_SECONDS)
+    report = EnforceReport()
+    for observation in observations:
+        verdict = verdicts[observation.pk]
+        last = latest.get((observation.gpu_id, observation.pid))
+        action = _decide(
+            want=verdict.want, observation=observation, last=last, now=now, retry_after=retry_after
+        )
+        if action is not None:
+            report.issued.append(
+                _issue(observation=observation, verdict=verdict, action=action, now=now)
+            )
+    return report
+
+
+def _latest_actions(
+    observations: list[ProcessObservation],
+) -> dict[tuple[int, int], EnforcementAction]:
+    last_ids = (
+        EnforcementAction.objects.filter(
+            gpu_id__in={o.gpu_id for o in observations}, pid__in={o.pid for o in observations}
+        )
+        .values("gpu_id", "pid")
+        .annotate(last=Max("id"))
+        .values_list("last", flat=True)
+    )
+    return {(a.gpu_id, a.pid): a for a in EnforcementAction.objects.filter(pk__in=list(last_ids))}
+
+
+def expected_state(observation: ProcessObservation, last: EnforcementAction | None) -> str:
+    """What the process is, or will be once the directive last sent about it is carried out.
+
+    An outcome and the first sample taken after it arrive in the same batch, so an
+    observation received no earlier than the outcome already shows its effect.
+    """
+    if last is None:
+        return observation.state
+    if last.pending or (
+        last.state == State.ACKNOWLEDGED and observation.seen_at < last.acknowledged_at
+    ):
+        return _EFFECT[last.action]
+    if last.action == Action.TERMINATE and last.state == State.ACKNOWLEDGED:
+        return TERMINATING
+    return observation.state
+
+
+def _decide(
+    *,
+    want: str,
+    observation: ProcessObservation,
+    last: EnforcementAction | None,
+    now: datetime,
+    retry_after: timedelta,
+) -> str | None:
+    expected = expected_state(observation, last)
+    if expected == TERMINATING:
+        return None
+    recently_failed = (
+        last is not None
+        and last.state == State.FAILED
+        and last.acknowledged_at is not None
+        and now - last.acknowledged_at < retry_after
+    )
+    if want == Action.TERMINATE:
+        if (
+            last is not None
+            and last.action == Action.TERMINATE
+            and (last.state != State.FAILED or recently_failed)
+        ):
+            return None
+        return Action.TERMINATE
+    if want == Action.PAUSE:
+        if expected == STOPPED:
+            return None
+        if last is not None and last.action == Action.PAUSE and recently_failed:
+            return None
+        return Action.PAUSE
+    # The process may run. Resume it only if this loop stopped it: a process its owner
+    # stopped (a debugger, a job-control stop) is none of the platform's business.
+    if expected != STOPPED or last is None:
+        return None
+    if last.action == Action.PAUSE and last.state in (
+        State.ISSUED,
+        State.DELIVERED,
+        State.ACKNOWLEDGED,
+    ):
+        return Action.RESUME
+    if last.action == Action.RESUME and last.state == State.FAILED and not recently_failed:
+        return Action.RESUME
+    return None
+
+
+def _verdicts(
+    *,
+    observations: list[ProcessObservation],
+    latest: dict[tuple[int, int], EnforcementAction],
+    capped: dict[int, Budget],
+    now: datetime,
+) -> dict[int, Verdict]:
+    refs = {o.allocation_ref for o in observations if o.allocation_ref is not None}
+    allocations = {
+        a.pk: a for a in Allocation.objects.filter(pk__in=refs).select_related("tenant", "tier")
+    }
+    verdicts: dict[int, Verdict] = {}
+    # allocation id -> gpu id -> observations allowed so far (before the GPU-count rule)
+    candidates: dict[int, dict[int, list[ProcessObservation]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for o in observations:
+        verdict = _verdict_alone(o, allocations.get(o.allocation_ref), capped=capped, now=now)
+        verdicts[o.pk] = verdict
+        if verdict.want == RUN:
+            candidates[verdict.allocation.pk][o.gpu_id].append(o)  # type: ignore[union-attr]
+    for allocation_id, by_gpu in candidates.items():
+        allocation = allocations[allocation_id]
+        if len(by_gpu) <= allocation.gpus:
+            continue
+
+        def keep_first(
+            gpu_id: int, by_gpu: dict[int, list[ProcessObservation]] = by_gpu
+        ) -> tuple[int, int]:
+            running = any(
+                expected_state(o, latest.get((o.gpu_id, o.pid))) == RUNNING for o in by_gpu[gpu_id]
+            )
+            return (0 if running else 1, gpu_id)
+
+        for gpu_id in sorted(by_gpu, key=keep_first)[allocation.gpus :]:
+            for o in by_gpu[gpu_id]:
+                verdicts[o.pk] = Verdict(
+                    Action.PAUSE,
+                    f"allocation {allocation.pk} won {allocation.gpus} GPU(s) and its work "
+                    f"runs on {len(by_gpu)}; work on the extra GPUs is paused",
+                    allocation,
+                    allocation.tenant,
+                )
+    return verdicts
+
+
+def _verdict_alone(
+    o: ProcessObservation,
+    allocation: Allocation | None,
+    *,
+    capped: dict[int, Budget],
+    now: datetime,
+) -> Verdict:
+    if o.allocation_ref is None:
+        return Verdict(
+            Action.PAUSE,
+            "the process has no allocation (no GPUMARKET_ALLOCATION tag); GPUs run allocated work only",
+        )
+    if allocation is None:
+        return Verdict(
+            Action.PAUSE,
+            f"allocation {o.allocation_ref} does not exist; the process is paused until it does",
+        )
+    tenant = allocation.tenant
+    if allocation.status in _ENDED or allocation.ends_at <= now:
+        ended = (
+            f"was {allocation.status}"
+            if allocation.status in _ENDED
+            else f"ended at {allocation.ends_at:%Y-%m-%d %H:%M:%S} UTC"
+        )
+        return Verdict(
+            Action.TERMINATE,
+            f"allocation {allocation.pk} {ended}; preempted with "
+            f"{settings.GPUMARKET_PREEMPT_GRACE_SECONDS}s to checkpoint",
+            allocation,
+            tenant,
+        )
+    if allocation.starts_at > now:
+        return Verdict(
+            Action.PAUSE,
+            f"allocation {allocation.pk} starts at {allocation.starts_at:%Y-%m-%d %H:%M:%S} UTC",
+            allocation,
+            tenant,
+        )
+    if allocation.status != Allocation.Status.ACTIVE:
+        return Verdict(
+            Action.PAUSE, f"allocation {allocation.pk} is {allocation.status}", allocation, tenant
+        )
+    if allocation.tier_id != o.gpu.tier_id:
+        return Verdict(
+            Action.PAUSE,
+            f"allocation {allocation.pk} is for tier {allocation.tier.slug}; this GPU is in "
+            "another tier",
+            allocation,
+            tenant,
+        )
+    budget = capped.get(tenant.pk)
+    if budget is not None:
+        scope = budget.campaign.name if budget.campaign_id else budget.get_window_display().lower()
+        return Verdict(
+            Action.PAUSE,
+            f"{tenant.name} reached its {scope} hard cap of {credits(budget.cap)} credits; work "
+            "resumes when the window rolls over or the cap is raised",
+            allocation,
+            tenant,
+        )
+    return Verdict(
+        RUN,
+        f"allocation {allocation.pk} is active, within its GPUs and its tenant's budget",
+        allocation,
+        tenant,
+    )
+
+
+def _issue(
+    *, observation: ProcessObservation, verdict: Verdict, action: str, now: datetime
+) -> EnforcementAction:
+    node: Node = observation.node
+    grace = settings.GPUMARKET_PREEMPT_GRACE_SECONDS if action == Action.TERMINATE else 0
+    reason = verdict.reason if action != Action.RESUME else f"allowed again: {verdict.reason}"
+    created = EnforcementAction.objects.create(
+        node=node,
+        gpu=observation.gpu,
+        pid=observation.pid,
+        allocation=verdict.allocation,
+        allocation_ref=observation.allocation_ref,
+        tenant=verdict.tenant,
+        slurm_job=observation.slurm_job,
+        pod=observation.pod,
+        action=action,
+        reason=reason[:300],
+        grace_seconds=grace,
+        created_at=now,
+    )
+    audit.record(
+        actor="enforcer",
+        action=f"enforcement.{action}",
+        target=created,
+        tenant=verdict.tenant,
+        after={
+            "node": node.name,
+            "gpu": observation.gpu.uuid,
+            "pid": observation.pid,
+            "allocation": observation.allocation_ref,
+            "reason": created.reason,
+            "grace_seconds": grace,
+        },
+    )
+    logger.info(
+        "enforcement: %s pid %d on %s: %s", action, observation.pid, observation.gpu.uuid, reason
+    )
+    return created

@@ -1,0 +1,481 @@
+"""Validation of one agent batch (docs/telemetry-protocol.md): JSON in, plain records out.
+
+Every field is checked for type, unit and range before anything is stored, and every problem
+is reported against the field that has it (``samples[3].power_w``), so an agent's author can
+fix the sender from the response alone. This runs for every sample at tens of thousands of
+samples a second, hence the flat loops and exact type checks (``type(x) is int`` also keeps
+``true``, which Python counts as an int, out of numeric fields).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+
+from telemetry.errors import TelemetryError
+
+MAX_GPUS = 256
+MAX_PROCESSES_PER_SAMPLE = 256
+MAX_DIRECTIVE_RESULTS = 1000
+# Enough to fix a sender; more only makes the response large.
+MAX_ERRORS = 50
+# 16 TiB in MiB: far above any GPU, low enough to catch bytes sent as MiB.
+MEMORY_MAX_MIB = 16 * 1024 * 1024
+# No GPU draws 10 kW: a larger reading is milliwatts sent as watts.
+POWER_MAX_W = 10_000.0
+TEMPERATURE_MIN_C, TEMPERATURE_MAX_C = -40.0, 150.0
+# A cumulative counter: 10^15 J is a 1 kW GPU running for 30,000 years.
+ENERGY_MAX_J = 1e15
+# The kernel's upper limit for pid_max.
+PID_MAX = 4_194_304
+ALLOCATION_MAX = 2**63 - 1
+BACKENDS = frozenset({"nvml", "simulated"})
+PROCESS_STATES = frozenset({"running", "stopped"})
+OUTCOMES = frozenset({"done", "gone", "failed"})
+
+_NUMBER = (int, float)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_samples: int
+    clock_skew: timedelta
+    max_age: timedelta
+
+    @classmethod
+    def from_settings(cls) -> Limits:
+        return cls(
+            max_samples=settings.GPUMARKET_INGEST_MAX_SAMPLES,
+            clock_skew=timedelta(seconds=settings.GPUMARKET_CLOCK_SKEW_SECONDS),
+            max_age=timedelta(seconds=settings.GPUMARKET_SAMPLE_MAX_AGE_SECONDS),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReport:
+    uuid: str
+    index: int
+    name: str
+    memory_total_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessReport:
+    pid: int
+    memory_mib: int
+    allocation: int | None
+    slurm_job: str
+    pod: str
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class DirectiveOutcome:
+    id: int
+    outcome: str
+    detail: str
+
+
+# (gpu uuid, at, utilization %, memory used MiB, memory total MiB, power W, temperature C,
+# energy counter J): a tuple rather than a record, because the rows go straight to COPY.
+SampleRow = tuple[str, datetime, float, int, int, float, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    batch_id: uuid.UUID
+    sent_at: datetime
+    backend: str
+    agent_version: str
+    hostname: str
+    gpus: tuple[GpuReport, ...]
+    samples: list[SampleRow]
+    # gpu uuid -> (time of its latest sample, the processes in that sample)
+    processes: dict[str, tuple[datetime, tuple[ProcessReport, ...]]]
+    directive_results: tuple[DirectiveOutcome, ...]
+    first_at: datetime | None
+    last_at: datetime | None
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.fields: dict[str, list[str]] = {}
+        self.count = 0
+
+    def add(self, field: str, message: str) -> None:
+        self.fields.setdefault(field, []).append(message)
+        self.count += 1
+        if self.count >= MAX_ERRORS:
+            self.fields.setdefault("non_field_errors", []).append(
+                f"stopped after {MAX_ERRORS} problems; fix these and send the batch again"
+            )
+            raise self.refusal()
+
+    def refusal(self, status: int = 400) -> TelemetryError:
+        first_field, messages = next(iter(self.fields.items()))
+        return TelemetryError(
+            f"batch refused: {first_field}: {messages[0]}", errors=self.fields, status=status
+        )
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON allows; send finite numbers only")
+
+
+def payload_load(body: bytes) -> dict[str, Any]:
+    """Parse the request body. Python's json accepts NaN and Infinity; the protocol does not."""
+    if not body:
+        raise TelemetryError(
+            "the request body is empty", errors={"body": ["is empty; send a JSON batch"]}
+        )
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        raise TelemetryError(
+            "the body is not UTF-8", errors={"body": [f"is not UTF-8 text: {exc}"]}
+        ) from exc
+    except ValueError as exc:
+        # JSONDecodeError (truncated or malformed) and the NaN/Infinity refusal above.
+        raise TelemetryError(
+            f"the body is not valid JSON: {exc}", errors={"body": [f"is not valid JSON: {exc}"]}
+        ) from exc
+    if type(data) is not dict:
+        raise TelemetryError(
+            "the body must be a JSON object",
+            errors={"body": [f"must be a JSON object, not {type(data).__name__}"]},
+        )
+    return data
+
+
+def _describe(value: Any) -> str:
+    if type(value) is float and not math.isfinite(value):
+        return f"{value} (numbers must be finite)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _text(
+    errors: _Errors, data: dict[str, Any], key: str, field: str, *, max_length: int, required: bool
+) -> str:
+    value = data.get(key)
+    if value is None and not required:
+        return ""
+    if type(value) is not str or (required and not value.strip()) or len(value) > max_length:
+        errors.add(
+            field,
+            f"must be {'a non-empty' if required else 'a'} string of at most {max_length} "
+            f"characters, got {_describe(value)}",
+        )
+        return ""
+    return value
+
+
+class _Clock:
+    """Parses and range-checks timestamps; a batch repeats the same few, so it memoises."""
+
+    def __init__(self, *, now: datetime, limits: Limits) -> None:
+        self.now = now
+        self.latest = now + limits.clock_skew
+        self.earliest = now - limits.max_age
+        self.skew = limits.clock_skew
+        self.max_age = limits.max_age
+        self._seen: dict[str, datetime | str] = {}
+
+    def parse(self, value: Any) -> datetime | str:
+        """The time, or a message saying what is wrong with it."""
+        if type(value) is not str:
+            return f"must be an ISO 8601 time with a timezone, got {_describe(value)}"
+        known = self._seen.get(value)
+        if known is not None:
+            return known
+        result: datetime | str
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            result = f"must be an ISO 8601 time with a timezone, got {_describe(value)}"
+        else:
+            if moment.tzinfo is None or moment.utcoffset() is None:
+                result = f"must carry a timezone offset (e.g. +00:00), got {value!r}"
+            elif moment > self.latest:
+                ahead = (moment - self.now).total_seconds()
+                result = (
+                    f"{value} is {ahead:.0f}s ahead of the server's clock (allowed skew "
+                    f"{self.skew.total_seconds():.0f}s); check the node's clock (NTP)"
+                )
+            elif moment < self.earliest:
+                result = (
+                    f"{value} is older than {self.max_age.total_seconds():.0f}s; "
+                    "samples that old are no longer accepted"
+                )
+            else:
+                result = moment
+        self._seen[value] = result
+        return result
+
+
+def _gpus_parse(errors: _Errors, raw: Any) -> tuple[GpuReport, ...]:
+    if type(raw) is not list:
+        errors.add("gpus", f"must be a list of the node's GPUs, got {_describe(raw)}")
+        return ()
+    if len(raw) > MAX_GPUS:
+        errors.add("gpus", f"lists {len(raw)} GPUs; a node may have at most {MAX_GPUS}")
+        return ()
+    gpus: list[GpuReport] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        field = f"gpus[{i}]"
+        if type(item) is not dict:
+            errors.add(field, f"must be an object, got {_describe(item)}")
+            continue
+        gpu_uuid = _text(errors, item, "uuid", f"{field}.uuid", max_length=100, required=True)
+        index = item.get("index")
+        if type(index) is not int or not 0 <= index <= 1023:
+            errors.add(f"{field}.index", f"must be a whole number 0..1023, got {_describe(index)}")
+        name = _text(errors, item, "name", f"{field}.name", max_length=120, required=True)
+        memory = item.get("memory_total_mib")
+        if type(memory) is not int or not 1 <= memory <= MEMORY_MAX_MIB:
+            errors.add(
+                f"{field}.memory_total_mib",
+                f"must be a whole number of MiB, 1..{MEMORY_MAX_MIB}, got {_describe(memory)}",
+            )
+        if gpu_uuid in seen:
+            errors.add(f"{field}.uuid", f"GPU {gpu_uuid} is listed twice")
+        if gpu_uuid:
+            seen.add(gpu_uuid)
+            gpus.append(GpuReport(gpu_uuid, index, name, memory))  # type: ignore[arg-type]
+    return tuple(gpus)
+
+
+def _processes_parse(errors: _Errors, raw: Any, field: str) -> tuple[ProcessReport, ...]:
+    if type(raw) is not list:
+        errors.add(field, f"must be a list, got {_describe(raw)}")
+        return ()
+    if len(raw) > MAX_PROCESSES_PER_SAMPLE:
+        errors.add(field, f"has {len(raw)} processes; at most {MAX_PROCESSES_PER_SAMPLE} per GPU")
+        return ()
+    processes = []
+    for j, item in enumerate(raw):
+        where = f"{field}[{j}]"
+        if type(item) is not dict:
+            errors.add(where, f"must be an object, got {_describe(item)}")
+            continue
+        pid = item.get("pid")
+        if type(pid) is not int or not 1 <= pid <= PID_MAX:
+            errors.add(f"{where}.pid", f"must be a process id 1..{PID_MAX}, got {_describe(pid)}")
+        memory = item.get("memory_mib")
+        if type(memory) is not int or not 0 <= memory <= MEMORY_MAX_MIB:
+            errors.add(
+                f"{where}.memory_mib",
+                f"must be a whole number of MiB, 0..{MEMORY_MAX_MIB}, got {_describe(memory)}",
+            )
+        allocation = item.get("allocation")
+        if allocation is not None and (
+            type(allocation) is not int or not 1 <= allocation <= ALLOCATION_MAX
+        ):
+            errors.add(
+                f"{where}.allocation",
+                f"must be an allocation id (a positive whole number) or null, got {_describe(allocation)}",
+            )
+        slurm_job = _text(
+            errors, item, "slurm_job", f"{where}.slurm_job", max_length=64, required=False
+        )
+        pod = _text(errors, item, "pod", f"{where}.pod", max_length=253, required=False)
+        state = item.get("state")
+        if state not in PROCESS_STATES:
+            errors.add(f"{where}.state", f"must be 'running' or 'stopped', got {_describe(state)}")
+        processes.append(ProcessReport(pid, memory, allocation, slurm_job, pod, state))  # type: ignore[arg-type]
+    return tuple(processes)
+
+
+def _samples_parse(
+    errors: _Errors, raw: Any, *, clock: _Clock, gpu_uuids: set[str], max_samples: int
+) -> tuple[list[SampleRow], dict[str, tuple[datetime, tuple[ProcessReport, ...]]]]:
+    if type(raw) is not list:
+        errors.add("samples", f"must be a list, got {_describe(raw)}")
+        return [], {}
+    if len(raw) > max_samples:
+        errors.add(
+            "samples",
+            f"has {len(raw)} samples; a batch may carry at most {max_samples} (send smaller batches)",
+        )
+        raise errors.refusal(status=413)
+    rows: list[SampleRow] = []
+    latest: dict[str, tuple[datetime, tuple[ProcessReport, ...]]] = {}
+    add = errors.add
+    for i, s in enumerate(raw):
+        if type(s) is not dict:
+            add(f"samples[{i}]", f"must be an object, got {_describe(s)}")
+            continue
+        ok = True
+        gpu = s.get("gpu")
+        if gpu not in gpu_uuids:
+            ok = False
+            add(
+                f"samples[{i}].gpu",
+                f"unknown GPU {_describe(gpu)}: a sample's gpu must be the uuid of a GPU in this batch's gpus list",
+            )
+        at = clock.parse(s.get("at"))
+        if type(at) is str:
+            ok = False
+            add(f"samples[{i}].at", at)
+        util = s.get("utilization_pct")
+        if type(util) not in _NUMBER or not 0 <= util <= 100:
+            ok = False
+            add(
+                f"samples[{i}].utilization_pct",
+                f"must be a percentage 0..100, got {_describe(util)}",
+            )
+        used = s.get("memory_used_mib")
+        total = s.get("memory_total_mib")
+        if type(total) is not int or not 1 <= total <= MEMORY_MAX_MIB:
+            ok = False
+            add(
+                f"samples[{i}].memory_total_mib",
+                f"must be a whole number of MiB, 1..{MEMORY_MAX_MIB}, got {_describe(total)}",
+            )
+        elif type(used) is not int or not 0 <= used <= total:
+            ok = False
+            add(
+                f"samples[{i}].memory_used_mib",
+                f"must be a whole number of MiB between 0 and memory_total_mib ({total}), got {_describe(used)}",
+            )
+        power = s.get("power_w")
+        if type(power) not in _NUMBER or not 0 <= power <= POWER_MAX_W:
+            ok = False
+            add(
+                f"samples[{i}].power_w",
+                f"must be watts, 0..{POWER_MAX_W:.0f}, got {_describe(power)}",
+            )
+        temperature = s.get("temperature_c")
+        if (
+            type(temperature) not in _NUMBER
+            or not TEMPERATURE_MIN_C <= temperature <= TEMPERATURE_MAX_C
+        ):
+            ok = False
+            add(
+                f"samples[{i}].temperature_c",
+                f"must be degrees Celsius, {TEMPERATURE_MIN_C:.0f}..{TEMPERATURE_MAX_C:.0f}, got {_describe(temperature)}",
+            )
+        energy = s.get("energy_j")
+        if type(energy) not in _NUMBER or not 0 <= energy <= ENERGY_MAX_J:
+            ok = False
+            add(
+                f"samples[{i}].energy_j",
+                f"must be a cumulative energy counter in joules, 0..{ENERGY_MAX_J:.0e}, got {_describe(energy)}",
+            )
+        processes_raw = s.get("processes")
+        processes: tuple[ProcessReport, ...] = ()
+        if processes_raw is not None and processes_raw != []:
+            processes = _processes_parse(errors, processes_raw, f"samples[{i}].processes")
+        if not ok:
+            continue
+        rows.append((gpu, at, util, used, total, power, temperature, energy))  # type: ignore[arg-type]
+        previous = latest.get(gpu)
+        if previous is None or at >= previous[0]:  # type: ignore[operator]
+            latest[gpu] = (at, processes)  # type: ignore[assignment]
+    return rows, latest
+
+
+def _results_parse(errors: _Errors, raw: Any) -> tuple[DirectiveOutcome, ...]:
+    if raw is None:
+        return ()
+    if type(raw) is not list:
+        errors.add("directive_results", f"must be a list, got {_describe(raw)}")
+        return ()
+    if len(raw) > MAX_DIRECTIVE_RESULTS:
+        errors.add("directive_results", f"has {len(raw)} entries; at most {MAX_DIRECTIVE_RESULTS}")
+        return ()
+    results = []
+    for i, item in enumerate(raw):
+        field = f"directive_results[{i}]"
+        if type(item) is not dict:
+            errors.add(field, f"must be an object, got {_describe(item)}")
+            continue
+        directive_id = item.get("id")
+        if type(directive_id) is not int or directive_id < 1:
+            errors.add(f"{field}.id", f"must be a directive id, got {_describe(directive_id)}")
+            continue
+        outcome = item.get("outcome")
+        if outcome not in OUTCOMES:
+            errors.add(
+                f"{field}.outcome", f"must be 'done', 'gone' or 'failed', got {_describe(outcome)}"
+            )
+            continue
+        detail = item.get("detail")
+        if detail is None:
+            detail = ""
+        if type(detail) is not str:
+            errors.add(f"{field}.detail", f"must be a string, got {_describe(detail)}")
+            continue
+        results.append(DirectiveOutcome(directive_id, outcome, detail[:500]))
+    return tuple(results)
+
+
+def payload_parse(raw: dict[str, Any], *, now: datetime, limits: Limits) -> BatchReport:
+    """Check a decoded batch; raise TelemetryError naming every bad field (up to MAX_ERRORS)."""
+    errors = _Errors()
+    clock = _Clock(now=now, limits=limits)
+
+    batch_id: uuid.UUID | None = None
+    raw_id = raw.get("batch_id")
+    if raw_id is None:
+        errors.add(
+            "batch_id",
+            "is required: a UUID the agent chooses once per batch, so a retry is stored once",
+        )
+    else:
+        try:
+            batch_id = uuid.UUID(raw_id) if type(raw_id) is str else None
+        except ValueError:
+            batch_id = None
+        if batch_id is None:
+            errors.add("batch_id", f"must be a UUID, got {_describe(raw_id)}")
+
+    sent_at = raw.get("sent_at")
+    sent = clock.parse(sent_at)
+    if type(sent) is datetime and abs(sent - now) > limits.clock_skew:
+        sent = (
+            f"{sent_at} differs from the server's clock by {abs((sent - now).total_seconds()):.0f}s "
+            f"(allowed skew {limits.clock_skew.total_seconds():.0f}s); check the node's clock (NTP)"
+        )
+    if type(sent) is str:
+        errors.add("sent_at", sent)
+
+    backend = raw.get("backend")
+    if backend not in BACKENDS:
+        errors.add("backend", f"must be 'nvml' or 'simulated', got {_describe(backend)}")
+    agent_version = _text(
+        errors, raw, "agent_version", "agent_version", max_length=40, required=True
+    )
+    hostname = _text(errors, raw, "hostname", "hostname", max_length=255, required=True)
+    gpus = _gpus_parse(errors, raw.get("gpus"))
+    rows, latest = _samples_parse(
+        errors,
+        raw.get("samples"),
+        clock=clock,
+        gpu_uuids={gpu.uuid for gpu in gpus},
+        max_samples=limits.max_samples,
+    )
+    results = _results_parse(errors, raw.get("directive_results"))
+    if errors.count:
+        raise errors.refusal()
+    times = [row[1] for row in rows]
+    return BatchReport(
+        batch_id=batch_id,  # type: ignore[arg-type]
+        sent_at=sent,  # type: ignore[arg-type]
+        backend=backend,  # type: ignore[arg-type]
+        agent_version=agent_version,
+        hostname=hostname,
+        gpus=gpus,
+        samples=rows,
+        processes=latest,
+        directive_results=results,
+        first_at=min(times) if times else None,
+        last_at=max(times) if times else None,
+    )
