@@ -158,7 +158,11 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 else:
     # Longer than the longest task (CELERY_TASK_TIME_LIMIT) so a slow task is not redelivered
     # while it still runs.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+    # A message a killed worker never acknowledged is redelivered once it is this old (seconds);
+    # the crash test sets a few seconds so redelivery happens within the test.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": env_int("CELERY_BROKER_VISIBILITY_TIMEOUT", 3600)
+    }
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
