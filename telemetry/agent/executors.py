@@ -24,6 +24,8 @@ class Executor(Protocol):
     def poll(self) -> list[DirectiveResult]: ...
 
 
+# The executors import the helpers below from this module, so they are imported when
+# chosen rather than at the top.
 def _signal() -> Executor:
     from telemetry.agent.signal_executor import SignalExecutor
 
