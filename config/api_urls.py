@@ -1,5 +1,43 @@
+"""The REST API: /api/v1/ resources, the OpenAPI schema and its documentation pages.
+
+Resource paths have no trailing slash (/api/v1/allocations/7/pace). Each app keeps its
+serializers and viewsets in <app>/api/; this module only mounts them.
+"""
+
 from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from audit.api.views import AuditEventViewSet
+from market.api.views import AllocationViewSet, BidViewSet, RoundViewSet, TierViewSet
+from telemetry.pace import AllocationPaceView
+from tenants.api.views import (
+    BalanceView,
+    BudgetViewSet,
+    CampaignViewSet,
+    LedgerViewSet,
+    MeView,
+    NotificationViewSet,
+)
+
+router = DefaultRouter(trailing_slash=False)
+router.register("tiers", TierViewSet, basename="tier")
+router.register("rounds", RoundViewSet, basename="round")
+router.register("bids", BidViewSet, basename="bid")
+router.register("allocations", AllocationViewSet, basename="allocation")
+router.register("ledger", LedgerViewSet, basename="transfer")
+router.register("budgets", BudgetViewSet, basename="budget")
+router.register("campaigns", CampaignViewSet, basename="campaign")
+router.register("notifications", NotificationViewSet, basename="notification")
+router.register("audit", AuditEventViewSet, basename="audit-event")
 
 urlpatterns = [
     path("v1/telemetry/", include("telemetry.api.urls")),
+    path("v1/me", MeView.as_view(), name="api-me"),
+    path("v1/balance", BalanceView.as_view(), name="api-balance"),
+    path("v1/allocations/<int:pk>/pace", AllocationPaceView.as_view(), name="allocation-pace"),
+    path("v1/", include(router.urls)),
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
 ]

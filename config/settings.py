@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "audit",
     "tenants",
     "market",
@@ -132,17 +133,38 @@ STATICFILES_DIRS = [
 STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", BASE_DIR / "staticfiles"))
 
 REST_FRAMEWORK = {
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Declares the API's error body and every error status on each operation.
+    "DEFAULT_SCHEMA_CLASS": "tenants.api.schema.GpumarketAutoSchema",
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.api.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "EXCEPTION_HANDLER": "market.api.errors.api_exception_handler",
+    # Per API token (per user for browser sessions). Spend limits are not rates: budgets and
+    # balances are enforced inside the services' transactions.
+    "DEFAULT_THROTTLE_RATES": {
+        "bids": os.environ.get("GPUMARKET_API_BID_RATE", "60/minute"),
+        "pace": os.environ.get("GPUMARKET_API_PACE_RATE", "120/minute"),
+    },
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpumarket API",
     "DESCRIPTION": "Bid credits for GPU-hours, follow spend, report telemetry.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Tags and operation ids from the resource ("bids_create"), not the version prefix.
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    # The documentation pages load their scripts from our static files, never from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+# Pace signal for training jobs (telemetry/pace.py, PaceConfig): thresholds in headroom %,
+# times in seconds. Any PaceConfig field may be set here.
+GPUMARKET_PACE = {
+    "dwell_seconds": env_int("GPUMARKET_PACE_DWELL_SECONDS", 120),
+    "history_seconds": env_int("GPUMARKET_PACE_HISTORY_SECONDS", 900),
 }
 
 # Celery. The default broker keeps messages in files under var/ so the demo needs no server.

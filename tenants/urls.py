@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 
 from tenants import views
 
@@ -11,4 +11,5 @@ urlpatterns = [
     path("staff/tenants/", views.staff_tenants, name="staff_tenants"),
     path("staff/credits/", views.staff_credits, name="staff_credits"),
     path("staff/budgets/", views.staff_budgets, name="staff_budgets"),
+    path("tokens/", include("tenants.token_views")),
 ]

@@ -1,0 +1,197 @@
+"""Market representations. Prices are milli-credits per GPU-hour; amounts are milli-credits."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from market.models import Allocation, Bid, PolicyVersion, Round, Tier
+from market.services._common import MAX_GPUS, MAX_PRICE
+from tenants.models import Campaign
+
+
+class TierSerializer(serializers.ModelSerializer):
+    offered = serializers.IntegerField(read_only=True, help_text="Capacity less maintenance.")
+    reserve_price = serializers.SerializerMethodField(
+        help_text="Milli-credits per GPU-hour under the active policy (0 if none)."
+    )
+    max_share_pct = serializers.SerializerMethodField(
+        help_text="Most of this tier one tenant may win in a round, percent."
+    )
+
+    class Meta:
+        model = Tier
+        fields = [
+            "slug",
+            "name",
+            "gpu_model",
+            "capacity",
+            "maintenance_gpus",
+            "offered",
+            "preemptible",
+            "active",
+            "reserve_price",
+            "max_share_pct",
+        ]
+
+    def _policy(self) -> PolicyVersion | None:
+        return self.context.get("policy")
+
+    def get_reserve_price(self, tier: Tier) -> int:
+        policy = self._policy()
+        return policy.reserve_for(tier.slug) if policy else 0
+
+    def get_max_share_pct(self, tier: Tier) -> int:
+        policy = self._policy()
+        return policy.max_share_for(tier.slug) if policy else 100
+
+
+class RoundSerializer(serializers.ModelSerializer):
+    hours = serializers.FloatField(read_only=True, help_text="Length of the allocation window.")
+    mechanism = serializers.CharField(source="policy.mechanism", read_only=True)
+    policy_version = serializers.IntegerField(source="policy.number", read_only=True)
+    capacities = serializers.DictField(
+        child=serializers.IntegerField(), help_text="GPUs offered per tier slug (set at clearing)."
+    )
+    prices = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Clearing price per tier slug, milli-credits per GPU-hour (set at clearing).",
+    )
+
+    class Meta:
+        model = Round
+        fields = [
+            "id",
+            "status",
+            "opens_at",
+            "closes_at",
+            "starts_at",
+            "ends_at",
+            "hours",
+            "mechanism",
+            "policy_version",
+            "capacities",
+            "prices",
+            "failure_reason",
+            "cleared_at",
+            "settled_at",
+        ]
+
+
+class RoundFilterSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=Round.Status.choices, required=False)
+    since = serializers.DateTimeField(
+        required=False, help_text="Rounds whose window starts at or after this."
+    )
+    until = serializers.DateTimeField(
+        required=False, help_text="Rounds whose window starts before this."
+    )
+
+
+class BidSerializer(serializers.ModelSerializer):
+    limits = serializers.SerializerMethodField(
+        help_text="Limit price per acceptable tier slug, milli-credits per GPU-hour."
+    )
+    author = serializers.CharField(source="author.get_username", read_only=True)
+
+    class Meta:
+        model = Bid
+        fields = [
+            "id",
+            "round",
+            "status",
+            "quantity",
+            "min_quantity",
+            "limits",
+            "escrow",
+            "campaign",
+            "note",
+            "author",
+            "created_at",
+            "updated_at",
+        ]
+
+    def get_limits(self, bid: Bid) -> dict[str, int]:
+        return {limit.tier.slug: limit.price for limit in bid.limits.all()}
+
+
+_LIMITS_HELP = (
+    "{tier slug: limit price in milli-credits per GPU-hour}; a tier left out is not acceptable. "
+    "Escrow held = quantity x highest limit x window hours."
+)
+
+
+class BidCreateSerializer(serializers.Serializer):
+    round = serializers.PrimaryKeyRelatedField(
+        queryset=Round.objects.all(), help_text="An open round's id."
+    )
+    quantity = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, help_text="GPUs wanted.")
+    min_quantity = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_GPUS,
+        default=0,
+        help_text="All or nothing below this many GPUs; 0 = any number up to quantity is useful.",
+    )
+    limits = serializers.DictField(
+        child=serializers.IntegerField(min_value=1, max_value=MAX_PRICE),
+        allow_empty=False,
+        help_text=_LIMITS_HELP,
+    )
+    campaign = serializers.PrimaryKeyRelatedField(
+        queryset=Campaign.objects.none(),
+        allow_null=True,
+        required=False,
+        default=None,
+        help_text="One of your tenant's campaign ids, to count the spend against it.",
+    )
+    note = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        tenant = self.context.get("tenant")
+        if tenant is not None:
+            # Only the caller's campaigns resolve; another tenant's id reads as missing.
+            self.fields["campaign"].queryset = Campaign.objects.filter(tenant=tenant)
+
+
+class BidEditSerializer(serializers.Serializer):
+    quantity = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, required=False)
+    min_quantity = serializers.IntegerField(min_value=0, max_value=MAX_GPUS, required=False)
+    limits = serializers.DictField(
+        child=serializers.IntegerField(min_value=1, max_value=MAX_PRICE),
+        allow_empty=False,
+        required=False,
+        help_text=_LIMITS_HELP,
+    )
+
+
+class BidFilterSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=Bid.Status.choices, required=False)
+    round = serializers.IntegerField(min_value=1, required=False)
+
+
+class AllocationSerializer(serializers.ModelSerializer):
+    tier = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = Allocation
+        fields = [
+            "id",
+            "round",
+            "bid",
+            "tier",
+            "gpus",
+            "price",
+            "charge",
+            "starts_at",
+            "ends_at",
+            "status",
+        ]
+        extra_kwargs = {
+            "price": {"help_text": "Milli-credits per GPU-hour: min(tier price, the bid's limit)."},
+            "charge": {"help_text": "Milli-credits charged for the whole window."},
+        }
+
+
+class AllocationFilterSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=Allocation.Status.choices, required=False)
+    round = serializers.IntegerField(min_value=1, required=False)

@@ -1,0 +1,204 @@
+"""Market endpoints: tiers and rounds (shared by all tenants), bids and allocations (the
+caller's tenant only). Writes go through the same services as the web pages."""
+
+from __future__ import annotations
+
+from django.db.models import Prefetch
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, permissions, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+
+from market.api.serializers import (
+    AllocationFilterSerializer,
+    AllocationSerializer,
+    BidCreateSerializer,
+    BidEditSerializer,
+    BidFilterSerializer,
+    BidSerializer,
+    RoundFilterSerializer,
+    RoundSerializer,
+    TierSerializer,
+)
+from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
+from market.services import bid_cancel, bid_edit, bid_place
+from tenants.api.base import Pagination, TenantScopedViewSet
+from tenants.api.views import query_filters
+
+
+class TierViewSet(viewsets.ReadOnlyModelViewSet):
+    """Tiers on offer, with the reserve price and share cap of the active policy."""
+
+    queryset = Tier.objects.order_by("slug")
+    serializer_class = TierSerializer
+    permission_classes = [permissions.IsAuthenticated]
+    lookup_field = "slug"
+    pagination_class = Pagination
+
+    def get_serializer_context(self):
+        context = super().get_serializer_context()
+        context["policy"] = PolicyVersion.objects.filter(status=PolicyVersion.Status.ACTIVE).first()
+        return context
+
+
+class RoundViewSet(viewsets.ReadOnlyModelViewSet):
+    """Rounds, newest window first: the open one, and history with clearing prices."""
+
+    queryset = Round.objects.select_related("policy").order_by("-starts_at")
+    serializer_class = RoundSerializer
+    permission_classes = [permissions.IsAuthenticated]
+    pagination_class = Pagination
+
+    def get_queryset(self):
+        qs = super().get_queryset()
+        if self.action != "list":
+            return qs
+        filters = query_filters(self.request, RoundFilterSerializer)
+        if "status" in filters:
+            qs = qs.filter(status=filters["status"])
+        if "since" in filters:
+            qs = qs.filter(starts_at__gte=filters["since"])
+        if "until" in filters:
+            qs = qs.filter(starts_at__lt=filters["until"])
+        return qs
+
+    @extend_schema(parameters=[RoundFilterSerializer], summary="Rounds, newest first")
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(responses=RoundSerializer(many=True), summary="Rounds open for bids now")
+    @action(detail=False, pagination_class=None)
+    def open(self, request):
+        rounds = (
+            Round.objects.select_related("policy")
+            .filter(status=Round.Status.OPEN)
+            .order_by("closes_at")
+        )
+        return Response(RoundSerializer(rounds, many=True).data)
+
+
+IDEMPOTENCY_HEADER = OpenApiParameter(
+    name="Idempotency-Key",
+    location=OpenApiParameter.HEADER,
+    required=False,
+    type=str,
+    description="Up to 80 characters. Retrying a POST with the same key returns the bid the "
+    "first attempt placed instead of placing (and escrowing) a second one.",
+)
+
+
+class BidViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """The tenant's bids. Place, edit and cancel use the market services, so the escrow,
+    the budget check and the audit event are exactly those of the web pages."""
+
+    queryset = Bid.objects.all()
+    serializer_class = BidSerializer
+    parser_classes = [JSONParser]
+    http_method_names = ["get", "post", "patch", "head", "options"]
+    throttle_scopes = {"bids": {"create", "partial_update", "cancel"}}
+
+    def base_queryset(self):
+        return Bid.objects.select_related("author").prefetch_related(
+            Prefetch(
+                "limits", queryset=BidLimit.objects.select_related("tier").order_by("tier__slug")
+            )
+        )
+
+    def get_queryset(self):
+        qs = super().get_queryset()
+        if self.action != "list":
+            return qs
+        filters = query_filters(self.request, BidFilterSerializer)
+        if "status" in filters:
+            qs = qs.filter(status=filters["status"])
+        if "round" in filters:
+            qs = qs.filter(round_id=filters["round"])
+        return qs
+
+    def _answer(self, bid: Bid, code: int = status.HTTP_200_OK) -> Response:
+        fresh = self.base_queryset().get(pk=bid.pk)
+        return Response(BidSerializer(fresh).data, status=code)
+
+    @extend_schema(parameters=[BidFilterSerializer], summary="The tenant's bids")
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(
+        request=BidCreateSerializer,
+        responses={201: BidSerializer},
+        parameters=[IDEMPOTENCY_HEADER],
+        summary="Place a bid (holds its maximum cost in escrow)",
+    )
+    def create(self, request):
+        serializer = BidCreateSerializer(data=request.data, context={"tenant": self.tenant})
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        bid = bid_place(
+            user=request.user,
+            tenant=self.tenant,
+            round=data["round"],
+            quantity=data["quantity"],
+            min_quantity=data["min_quantity"],
+            limits=dict(data["limits"]),
+            campaign=data["campaign"],
+            idempotency_key=request.headers.get("Idempotency-Key") or None,
+            note=data["note"],
+        )
+        return self._answer(bid, status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=BidEditSerializer,
+        responses={200: BidSerializer},
+        summary="Change an open bid (escrow follows the new terms)",
+    )
+    def partial_update(self, request, pk=None):
+        bid = self.get_object()
+        serializer = BidEditSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        bid = bid_edit(
+            user=request.user,
+            tenant=self.tenant,
+            bid_id=bid.pk,
+            quantity=data.get("quantity"),
+            min_quantity=data.get("min_quantity"),
+            limits=dict(data["limits"]) if "limits" in data else None,
+        )
+        return self._answer(bid)
+
+    @extend_schema(
+        request=None,
+        responses={200: BidSerializer},
+        summary="Cancel an open bid (its escrow goes back to available)",
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        bid = self.get_object()
+        bid = bid_cancel(user=request.user, tenant=self.tenant, bid_id=bid.pk)
+        return self._answer(bid)
+
+
+class AllocationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """GPUs the tenant won. Pace for a running job: /allocations/{id}/pace."""
+
+    queryset = Allocation.objects.all()
+    serializer_class = AllocationSerializer
+
+    def base_queryset(self):
+        return Allocation.objects.select_related("tier").order_by("-starts_at", "-id")
+
+    def get_queryset(self):
+        qs = super().get_queryset()
+        if self.action != "list":
+            return qs
+        filters = query_filters(self.request, AllocationFilterSerializer)
+        if "status" in filters:
+            qs = qs.filter(status=filters["status"])
+        if "round" in filters:
+            qs = qs.filter(round_id=filters["round"])
+        return qs
+
+    @extend_schema(parameters=[AllocationFilterSerializer], summary="The tenant's allocations")
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)

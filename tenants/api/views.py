@@ -1,0 +1,130 @@
+"""Tenant endpoints: who am I, balance, ledger, budgets, campaigns, notifications."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, permissions
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from tenants.access import membership_of, require_tenant
+from tenants.api.base import IsTenantMember, TenantScopedViewSet
+from tenants.api.serializers import (
+    BalanceSerializer,
+    BudgetSerializer,
+    CampaignSerializer,
+    LedgerFilterSerializer,
+    MeSerializer,
+    NotificationFilterSerializer,
+    NotificationSerializer,
+    TransferSerializer,
+)
+from tenants.budgets import budget_usage
+from tenants.ledger import balance_get
+from tenants.models import ApiToken, Budget, Campaign, Notification, Transfer
+
+
+def query_filters(request, serializer_class) -> dict:
+    """Validated query parameters (400 with field messages if they are malformed)."""
+    serializer = serializer_class(data=request.query_params)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class MeView(APIView):
+    permission_classes = [permissions.IsAuthenticated]
+
+    @extend_schema(responses=MeSerializer, summary="The caller: user, tenant, role, token")
+    def get(self, request):
+        membership = membership_of(request.user)
+        data = {
+            "username": request.user.get_username(),
+            "is_staff": request.user.is_staff,
+            "tenant": membership.tenant if membership else None,
+            "role": membership.role if membership else None,
+            "token": request.auth.name if isinstance(request.auth, ApiToken) else None,
+        }
+        return Response(MeSerializer(data).data)
+
+
+class BalanceView(APIView):
+    permission_classes = [permissions.IsAuthenticated, IsTenantMember]
+    tenant_scoped = True
+
+    @extend_schema(responses=BalanceSerializer, summary="The tenant's balance (milli-credits)")
+    def get(self, request):
+        balance = balance_get(tenant=require_tenant(request.user))
+        return Response(
+            BalanceSerializer(
+                {"available": balance.available, "escrow": balance.escrow, "total": balance.total}
+            ).data
+        )
+
+
+class LedgerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """The tenant's transfers, newest first."""
+
+    queryset = Transfer.objects.all()
+    serializer_class = TransferSerializer
+
+    def base_queryset(self):
+        return Transfer.objects.select_related("source", "destination").order_by(
+            "-created_at", "-id"
+        )
+
+    def get_queryset(self):
+        qs = super().get_queryset()
+        if self.action != "list":
+            return qs
+        filters = query_filters(self.request, LedgerFilterSerializer)
+        if "kind" in filters:
+            qs = qs.filter(kind=filters["kind"])
+        if "reference" in filters:
+            qs = qs.filter(reference=filters["reference"])
+        if "since" in filters:
+            qs = qs.filter(created_at__gte=filters["since"])
+        if "until" in filters:
+            qs = qs.filter(created_at__lt=filters["until"])
+        return qs
+
+    @extend_schema(parameters=[LedgerFilterSerializer], summary="The tenant's ledger transfers")
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+
+class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """The tenant's budgets with their usage in the current window."""
+
+    queryset = Budget.objects.all()
+    serializer_class = BudgetSerializer
+
+    def base_queryset(self):
+        return Budget.objects.select_related("campaign").order_by("window", "id")
+
+    def get_serializer(self, instance=None, *args, **kwargs):
+        budgets = instance if isinstance(instance, list) else [instance] if instance else []
+        for budget in budgets:
+            budget.usage = budget_usage(budget=budget)
+        return super().get_serializer(instance, *args, **kwargs)
+
+
+class CampaignViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    queryset = Campaign.objects.all()
+    serializer_class = CampaignSerializer
+
+
+class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    queryset = Notification.objects.all()
+    serializer_class = NotificationSerializer
+
+    def get_queryset(self):
+        qs = super().get_queryset()
+        if self.action == "list" and query_filters(self.request, NotificationFilterSerializer).get(
+            "unread"
+        ):
+            qs = qs.filter(read_at__isnull=True)
+        return qs
+
+    @extend_schema(parameters=[NotificationFilterSerializer], summary="The tenant's notifications")
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)

@@ -1,0 +1,140 @@
+"""Personal API tokens: shown once, stored hashed, revoked means refused at once."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from django.db import connection
+from django.urls import reverse
+from rest_framework.test import APIClient
+
+from audit.models import AuditEvent
+from tenants.api.tokens import MAX_ACTIVE_TOKENS, token_create, token_revoke
+from tenants.errors import TenantError
+from tenants.models import ApiToken
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def bearer(token: str) -> APIClient:
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return api
+
+
+@pytest.fixture
+def member():
+    return factories.member(tenant=factories.tenant(credits=5_000))
+
+
+def test_token_page_shows_the_secret_once_and_stores_only_its_hash(client, member):
+    client.force_login(member)
+    created = client.post(reverse("api_tokens"), {"name": "training box"})
+    assert created.status_code == 200
+    assert "no-store" in created["Cache-Control"]
+    token = ApiToken.objects.get(user=member)
+    secret = created.context["new_secret"]
+    assert secret.startswith(f"gm_{token.prefix}_")
+    assert secret in created.content.decode()
+
+    # At rest: the SHA-256 of the token, and the secret part appears in no column.
+    assert token.secret_hash == hashlib.sha256(secret.encode()).hexdigest()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM tenants_apitoken WHERE id = %s", [token.pk])
+        row = cursor.fetchone()
+    assert all(secret.split("_", 2)[2] not in str(value) for value in row)
+
+    # Never again: the list page shows the prefix only.
+    listing = client.get(reverse("api_tokens"))
+    assert secret not in listing.content.decode()
+    assert f"gm_{token.prefix}_" in listing.content.decode()
+
+    me = bearer(secret).get("/api/v1/me")
+    assert me.status_code == 200, me.content
+    assert me.json()["username"] == member.username
+    assert me.json()["token"] == "training box"
+
+
+def test_revoked_token_is_refused_on_the_very_next_request(client, member):
+    issued = token_create(user=member, name="ci")
+    api = bearer(issued.secret)
+    assert api.get("/api/v1/balance").status_code == 200
+
+    client.force_login(member)
+    response = client.post(reverse("api_token_revoke", args=[issued.token.pk]))
+    assert response.status_code == 302
+
+    refused = api.get("/api/v1/balance")
+    assert refused.status_code == 401
+    assert refused["WWW-Authenticate"].startswith("Bearer")
+    assert refused.json()["error"]["code"] == "authentication_failed"
+    assert "revoked" in refused.json()["error"]["message"]
+    assert AuditEvent.objects.filter(
+        action="apitoken.revoke", object_id=str(issued.token.pk)
+    ).exists()
+
+
+def test_another_users_token_cannot_be_revoked(client, member):
+    other = factories.member(tenant=factories.tenant())
+    issued = token_create(user=other, name="theirs")
+    client.force_login(member)
+    assert client.post(reverse("api_token_revoke", args=[issued.token.pk])).status_code == 404
+    issued.token.refresh_from_db()
+    assert issued.token.revoked_at is None
+    with pytest.raises(TenantError):
+        token_revoke(user=member, token_id=issued.token.pk)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Bearer gm_nothing_here",
+        "Bearer gm_",
+        "Bearer not-a-token",
+        "Bearer two words",
+        "Bearer",
+    ],
+)
+def test_malformed_or_unknown_tokens_get_401_in_the_error_shape(header):
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=header)
+    response = api.get("/api/v1/me")
+    assert response.status_code == 401
+    body = response.json()["error"]
+    assert set(body) == {"code", "message", "fields"}
+    assert body["message"]
+
+
+def test_a_guessed_secret_with_a_real_prefix_is_refused(member):
+    issued = token_create(user=member, name="real")
+    forged = f"gm_{issued.token.prefix}_{'A' * 43}"
+    assert bearer(forged).get("/api/v1/me").status_code == 401
+
+
+def test_no_credentials_is_401_with_a_challenge():
+    response = APIClient().get("/api/v1/bids")
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == 'Bearer realm="api"'
+
+
+def test_token_name_is_required_and_active_tokens_are_capped(client, member):
+    client.force_login(member)
+    empty = client.post(reverse("api_tokens"), {"name": "  "})
+    assert empty.status_code == 400
+    assert not ApiToken.objects.filter(user=member).exists()
+    for n in range(MAX_ACTIVE_TOKENS):
+        token_create(user=member, name=f"t{n}")
+    with pytest.raises(TenantError, match="revoke one"):
+        token_create(user=member, name="one too many")
+    token_revoke(user=member, token_id=ApiToken.objects.filter(user=member).first().pk)
+    assert token_create(user=member, name="fits again").token.pk
+
+
+def test_last_used_is_recorded(member):
+    issued = token_create(user=member, name="job")
+    assert issued.token.last_used_at is None
+    bearer(issued.secret).get("/api/v1/me")
+    issued.token.refresh_from_db()
+    assert issued.token.last_used_at is not None
