@@ -456,7 +456,7 @@ def _outcomes_record(*, node: Node, report: BatchReport, now: datetime) -> None:
         return
     actions = {
         a.pk: a
-        for a in EnforcementAction.objects.select_for_update()
+        for a in EnforcementAction.objects.select_for_update(of=("self",))
         .select_related("tenant")
         .filter(node=node, pk__in=[r.id for r in report.directive_results])
         .order_by("pk")
