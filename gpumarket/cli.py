@@ -28,6 +28,10 @@ def _pure(command: str, argv: list[str]) -> int | None:
         from market.clearing.cli import main as clear_main
 
         return clear_main(argv)
+    if command == "demo":
+        from gpumarket.demo import main as demo_main
+
+        return demo_main(argv)
     if command == "agent":
         from telemetry.agent import main as agent_main
 
@@ -44,9 +48,6 @@ def main(argv: list[str] | None = None) -> int:
     code = _pure(command, rest)
     if code is not None:
         return code
-    if command == "demo":
-        # The demo is the embedded development setup: DEBUG on unless told otherwise.
-        os.environ.setdefault("DEBUG", "1")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     from django.core.management import execute_from_command_line
 

@@ -1,0 +1,224 @@
+"""``gpumarket demo``: the whole platform on the embedded default, in one command.
+
+SQLite under ``var/``, the file-based broker, one Celery worker with beat embedded, two
+simulated nodes (real OS processes standing in for GPU jobs), and Django's development
+server. Demo tenants bid every round on their own, so the market pages fill up; one process
+on the second node runs without an allocation, so the enforcement loop pauses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger("gpumarket.demo")
+
+DEMO_PASSWORD = "demo-password"
+ADMIN = ("admin", "admin-password")
+TENANTS = (
+    # name, weight, credits, (username, role)...
+    ("Vision Lab", 1, 400_000, (("alice", "manager"), ("ana", "researcher"))),
+    ("Language Group", 1, 250_000, (("bob", "manager"), ("bea", "researcher"))),
+)
+NODES = (
+    # node name, tier slug, simulated GPUs
+    ("sim-node-a", "h100-nvlink", 4),
+    ("sim-node-b", "a100", 4),
+)
+
+
+@dataclass
+class Children:
+    procs: list[subprocess.Popen]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _seed() -> dict[str, str]:
+    """Idempotent demo data; returns node name -> a fresh agent token."""
+    from django.contrib.auth import get_user_model
+    from django.db import transaction
+
+    from market.demo import demo_market_seed
+    from market.models import Tier
+    from telemetry.models import Node
+    from telemetry.services import node_register, node_token_rotate
+    from tenants.ledger import MILLI, credits_grant
+    from tenants.models import Tenant
+    from tenants.services import member_add, tenant_create
+
+    User = get_user_model()
+    admin = User.objects.filter(username=ADMIN[0]).first()
+    if admin is None:
+        admin = User.objects.create_superuser(username=ADMIN[0], password=ADMIN[1], email="")
+    demo_market_seed(actor=admin)
+    for name, weight, start_credits, members in TENANTS:
+        tenant = Tenant.objects.filter(name=name).first()
+        if tenant is None:
+            with transaction.atomic():
+                tenant = tenant_create(name=name, weight=weight, actor=admin)
+                credits_grant(
+                    tenant=tenant, amount=start_credits * MILLI, reason="demo starting credits", actor=admin
+                )
+        for username, role in members:
+            if not User.objects.filter(username=username).exists():
+                member_add(tenant=tenant, username=username, role=role, actor=admin, password=DEMO_PASSWORD)
+    tokens = {}
+    for node_name, tier_slug, _gpus in NODES:
+        node = Node.objects.filter(name=node_name).first()
+        if node is None:
+            _node, token = node_register(name=node_name, tier=Tier.objects.get(slug=tier_slug), actor=admin)
+        else:
+            # Tokens are stored hashed, so a restart hands its agents new ones.
+            token = node_token_rotate(node=node, actor=admin)
+        tokens[node_name] = token
+    return tokens
+
+
+def _bot_loop(stop: threading.Event, spawn_work, interval: float) -> None:
+    """Demo tenants bid in every open round; each new allocation gets a simulated job."""
+    from django.db import close_old_connections
+    from django.utils import timezone
+
+    from market.errors import MarketError
+    from market.models import Allocation, Bid, Round
+    from tenants.models import Membership
+
+    started: set[int] = set()
+    bids = {  # username -> (quantity, gang minimum, limits in milli-credits per GPU-hour)
+        "ana": (4, 2, {"h100-nvlink": 6000, "a100": 2500}),
+        "bea": (3, 0, {"h100-nvlink": 4000, "a100": 3500}),
+        "alice": (2, 0, {"a100": 1800, "preemptible": 600}),
+        "bob": (6, 0, {"h100-nvlink": 2500, "preemptible": 400}),
+    }
+    from market.services import bid_place
+
+    while not stop.wait(interval):
+        close_old_connections()
+        try:
+            now = timezone.now()
+            rnd = Round.objects.filter(status=Round.Status.OPEN, closes_at__gt=now).order_by("closes_at").first()
+            if rnd is not None:
+                for membership in Membership.objects.select_related("user", "tenant"):
+                    username = membership.user.username
+                    if username not in bids or Bid.objects.filter(round=rnd, author=membership.user).exists():
+                        continue
+                    quantity, minimum, limits = bids[username]
+                    try:
+                        bid_place(
+                            user=membership.user, tenant=membership.tenant, round=rnd,
+                            quantity=quantity, min_quantity=minimum, limits=limits,
+                            idempotency_key=f"demo-{rnd.pk}-{username}",
+                        )
+                    except MarketError as exc:
+                        logger.info("demo bid by %s refused: %s", username, exc)
+            for allocation in Allocation.objects.filter(
+                status=Allocation.Status.ACTIVE, starts_at__lte=now, ends_at__gt=now
+            ).select_related("tier"):
+                if allocation.pk in started:
+                    continue
+                started.add(allocation.pk)
+                node = next((n for n, tier, _ in NODES if tier == allocation.tier.slug), None)
+                if node is not None:
+                    for gpu in range(min(allocation.gpus, 4)):
+                        spawn_work(node, gpu, allocation=allocation.pk, duty=0.3)
+        except Exception:  # noqa: BLE001 - the demo's bots must not take the server down
+            logger.exception("demo bot iteration failed")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gpumarket demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--no-bots", action="store_true", help="do not place demo bids")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("DEBUG", "1")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    # Short periods so a visitor sees rounds clear and enforcement act within minutes.
+    os.environ.setdefault("GPUMARKET_ROUND_TICK_SECONDS", "5")
+    os.environ.setdefault("GPUMARKET_ENFORCE_SECONDS", "5")
+    os.environ.setdefault("GPUMARKET_PREEMPT_GRACE_SECONDS", "10")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s demo: %(message)s")
+
+    import django
+    from django.conf import settings
+    from django.core.management import call_command
+
+    django.setup()
+    var = Path(settings.VAR_DIR)
+    var.mkdir(parents=True, exist_ok=True)
+    call_command("migrate", interactive=False, verbosity=0)
+    tokens = _seed()
+
+    from telemetry.agent.simulated_backend import spawn_simulated_work
+
+    server = f"http://127.0.0.1:{args.port}"
+    env = dict(os.environ)
+    children = Children(procs=[])
+    log_dir = var / "logs"
+    log_dir.mkdir(exist_ok=True)
+
+    def start(name: str, cmd: list[str], extra_env: dict[str, str] | None = None) -> None:
+        log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
+        children.procs.append(
+            subprocess.Popen(cmd, env={**env, **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        )
+
+    start("worker", [
+        sys.executable, "-m", "celery", "-A", "config", "worker", "--beat", "--pool", "solo",
+        "-Q", "clearing,telemetry,default", "--loglevel", "INFO",
+        "--schedule", str(var / "celerybeat-schedule"),
+    ])
+    for node_name, _tier, gpus in NODES:
+        start(f"agent-{node_name}", [
+            sys.executable, "-m", "gpumarket", "agent", "--server", server, "--backend", "simulated",
+            "--node-name", node_name, "--sim-gpus", str(gpus), "--interval", "3",
+        ], {"GPUMARKET_NODE_TOKEN": tokens[node_name]})
+    # Work with no allocation behind it: the enforcement loop pauses it within a few ticks.
+    work = [spawn_simulated_work("sim-node-b", 3, duty=0.4)]
+    stop = threading.Event()
+    if not args.no_bots:
+        threading.Thread(target=_bot_loop, args=(stop, spawn_simulated_work, 5.0), daemon=True).start()
+
+    print(
+        "\ngpumarket demo (SIMULATED nodes; no GPU is used)\n"
+        f"  site:    {server}\n"
+        f"  admin:   {ADMIN[0]} / {ADMIN[1]}  (platform admin)\n"
+        + "".join(
+            f"  {u:<8} / {DEMO_PASSWORD}  ({role}, {name})\n"
+            for name, _w, _c, members in TENANTS for u, role in members
+        )
+        + f"  logs:    {log_dir}\n  Ctrl-C stops everything.\n",
+        flush=True,
+    )
+    try:
+        call_command("runserver", f"127.0.0.1:{args.port}", use_reloader=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        for proc in work:
+            proc.terminate()
+        children.stop()
+    return 0
