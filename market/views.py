@@ -33,9 +33,11 @@ from market.charts import (
 from market.errors import MarketError
 from market.forms import BidForm, TierCreateForm, TierForm, limit_field_name
 from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
-from market.services.bids import bid_cancel, bid_edit, bid_escrow, bid_place, window_seconds
-from market.services.tiers import tier_create, tier_update
-from tenants.access import access_object, require_tenant, scoped
+from market.selectors import bid_get, bids_for_tenant, round_open_current, tiers_offered
+from market.selectors import price_history as price_history_rows
+from market.services import bid_cancel, bid_edit, bid_escrow, bid_place, tier_create, tier_update
+from market.services.bids import window_seconds
+from tenants.access import require_tenant, scoped
 from tenants.budgets import budget_usage, budgets_applicable
 from tenants.ledger import balance_get
 from tenants.models import Budget, Campaign, Transfer
@@ -47,10 +49,6 @@ PRICE_HISTORY_ROUNDS = 48
 # Reads used by several pages --------------------------------------------------------------
 
 
-def _open_round() -> Round | None:
-    return Round.objects.filter(status=Round.Status.OPEN).select_related("policy").first()
-
-
 def _last_cleared_round() -> Round | None:
     return Round.objects.filter(status__in=CLEARED).select_related("policy").order_by("-starts_at").first()
 
@@ -58,10 +56,6 @@ def _last_cleared_round() -> Round | None:
 def _active_policy() -> PolicyVersion | None:
     # Read only: the market services create the default policy when the first round opens.
     return PolicyVersion.objects.filter(status=PolicyVersion.Status.ACTIVE).first()
-
-
-def _offered_tiers():
-    return Tier.objects.filter(active=True).order_by("slug")
 
 
 def _supply_demand_charts(rnd: Round) -> list[str]:
@@ -94,16 +88,13 @@ def _supply_demand_charts(rnd: Round) -> list[str]:
 @require_GET
 @login_required
 def market_overview(request: HttpRequest) -> HttpResponse:
-    rnd = _open_round()
+    rnd = round_open_current()
     last = _last_cleared_round()
     policy = _active_policy()
-    history_rounds = list(
-        Round.objects.filter(status__in=CLEARED).order_by("-starts_at")[:PRICE_HISTORY_ROUNDS]
-    )[::-1]
     series: dict[str, list[tuple[datetime, int]]] = defaultdict(list)
-    for r in history_rounds:
-        for slug, price in r.prices.items():
-            series[slug].append((r.starts_at, int(price)))
+    for row in price_history_rows(limit=PRICE_HISTORY_ROUNDS):
+        for slug, price in row["prices"].items():
+            series[slug].append((row["starts_at"], int(price)))
     tiers = [
         {
             "tier": t,
@@ -111,7 +102,7 @@ def market_overview(request: HttpRequest) -> HttpResponse:
             "max_share": policy.max_share_for(t.slug) if policy else 100,
             "last_price": last.prices.get(t.slug) if last else None,
         }
-        for t in _offered_tiers()
+        for t in tiers_offered()
     ]
     return render(
         request,
@@ -175,10 +166,10 @@ def _bid_form_page(request, *, tenant, rnd, form, terms, preview=None, status=20
 @login_required
 def bid_new(request: HttpRequest) -> HttpResponse:
     tenant = require_tenant(request.user)
-    tiers = _offered_tiers()
+    tiers = tiers_offered()
     campaigns = _tenant_campaigns(tenant)
     if request.method == "GET":
-        rnd = _open_round()
+        rnd = round_open_current()
         if rnd is None:
             return render(request, "market/no_round.html")
         terms = _BidTerms(initial={"round": rnd.pk, "idempotency_key": uuid.uuid4().hex})
@@ -229,18 +220,14 @@ def bid_preview(request: HttpRequest) -> HttpResponse:
     if not terms.is_valid():
         raise Http404("No such round.")
     rnd = get_object_or_404(Round, pk=terms.cleaned_data["round"])
-    form = BidForm(request.POST, tiers=_offered_tiers(), campaigns=_tenant_campaigns(tenant))
+    form = BidForm(request.POST, tiers=tiers_offered(), campaigns=_tenant_campaigns(tenant))
     return render(
         request, "market/_bid_preview.html", {"preview": _preview(tenant=tenant, rnd=rnd, form=form)}
     )
 
 
 def _my_bids(tenant):
-    return (
-        scoped(Bid.objects, tenant=tenant)
-        .select_related("round", "author", "campaign")
-        .prefetch_related("limits__tier", "allocations__tier")
-    )
+    return bids_for_tenant(tenant=tenant).prefetch_related("allocations__tier")
 
 
 @require_GET
@@ -255,7 +242,7 @@ def bid_list(request: HttpRequest) -> HttpResponse:
 @login_required
 def bid_detail(request: HttpRequest, pk: int) -> HttpResponse:
     tenant = require_tenant(request.user)
-    bid = access_object(_my_bids(tenant), tenant=tenant, pk=pk)
+    bid = bid_get(tenant=tenant, bid_id=pk)
     editable = (
         bid.status == Bid.Status.OPEN
         and bid.round.status == Round.Status.OPEN
@@ -268,8 +255,8 @@ def bid_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def bid_change(request: HttpRequest, pk: int) -> HttpResponse:
     tenant = require_tenant(request.user)
-    bid = access_object(_my_bids(tenant), tenant=tenant, pk=pk)
-    tiers = _offered_tiers()
+    bid = bid_get(tenant=tenant, bid_id=pk)
+    tiers = tiers_offered()
     if request.method == "GET":
         initial = {"quantity": bid.quantity, "min_quantity": bid.min_quantity}
         initial |= {limit_field_name(limit.tier): limit.price for limit in bid.limits.all()}

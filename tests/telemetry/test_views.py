@@ -1,0 +1,93 @@
+"""Allocation usage and fleet pages: scoping, staff-only fleet, simulated nodes labelled."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from market.models import Allocation, Bid, PolicyVersion, Round
+from telemetry.models import Gpu, ProcessObservation, Sample
+from telemetry.services import node_register
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def _allocation(tenant, user, tier) -> Allocation:
+    """A running allocation, written directly: these tests are about reading it back."""
+    now = timezone.now()
+    policy = PolicyVersion.objects.create(number=1, status=PolicyVersion.Status.ACTIVE)
+    rnd = Round.objects.create(
+        policy=policy, status=Round.Status.SETTLED, opens_at=now - timedelta(hours=2),
+        closes_at=now - timedelta(hours=1), starts_at=now - timedelta(minutes=30),
+        ends_at=now + timedelta(minutes=30),
+    )
+    bid = Bid.objects.create(tenant=tenant, author=user, round=rnd, quantity=1, status=Bid.Status.WON)
+    return Allocation.objects.create(
+        tenant=tenant, round=rnd, bid=bid, tier=tier, gpus=1, price=1000, charge=1000,
+        starts_at=rnd.starts_at, ends_at=rnd.ends_at,
+    )
+
+
+@pytest.fixture
+def running(tier):
+    tenant = factories.tenant(name="Vision Lab")
+    user = factories.member(tenant=tenant)
+    allocation = _allocation(tenant, user, tier)
+    node, _token = node_register(name="sim-1", tier=tier, actor="test")
+    node.simulated = True
+    node.save(update_fields=["simulated"])
+    gpu = Gpu.objects.create(node=node, uuid="GPU-sim-0", index=0, name="Sim A100", tier=tier, memory_total_mib=81920)
+    now = timezone.now()
+    Sample.objects.bulk_create(
+        Sample(gpu=gpu, at=now - timedelta(minutes=m), utilization_pct=70.0 + m, memory_used_mib=1000,
+               memory_total_mib=81920, power_w=300, temperature_c=60, energy_j=1e6)
+        for m in range(3)
+    )
+    ProcessObservation.objects.create(
+        node=node, gpu=gpu, pid=4242, memory_mib=1000, allocation_ref=allocation.pk,
+        state=ProcessObservation.State.RUNNING, at=now, seen_at=now,
+    )
+    return tenant, user, allocation
+
+
+def test_allocation_detail_shows_utilisation_chart(client, running):
+    _tenant, user, allocation = running
+    client.force_login(user)
+    response = client.get(reverse("allocation_detail", args=[allocation.pk]))
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert 'id="allocation-utilisation"' in body
+    assert "sim-1/0 (simulated)" in body
+
+
+def test_live_panel_reports_latest_utilisation(client, running):
+    _tenant, user, _allocation = running
+    client.force_login(user)
+    body = client.get(reverse("allocations_live")).content.decode()
+    assert "70% on 1 GPU" in body
+
+
+def test_other_tenant_gets_404_and_empty_lists(client, running):
+    _tenant, _user, allocation = running
+    rival = factories.member(tenant=factories.tenant(name="Speech Lab"))
+    client.force_login(rival)
+    assert client.get(reverse("allocation_detail", args=[allocation.pk])).status_code == 404
+    for name in ("allocation_list", "allocations_live"):
+        body = client.get(reverse(name)).content.decode()
+        assert reverse("allocation_detail", args=[allocation.pk]) not in body
+
+
+def test_fleet_is_staff_only_and_labels_simulated_nodes(client, running):
+    _tenant, user, _ = running
+    client.force_login(user)
+    assert client.get(reverse("fleet")).status_code == 403
+    assert client.get(reverse("enforcement_list")).status_code == 403
+    client.force_login(factories.admin_user())
+    body = client.get(reverse("fleet")).content.decode()
+    assert 'id="gpu-heatmap"' in body
+    assert "simulated" in body
+    assert client.get(reverse("enforcement_list")).status_code == 200

@@ -1,0 +1,188 @@
+"""Tenant pages: dashboard, team management (managers only), credits and budgets (staff only)."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from audit.models import AuditEvent
+from tenants.ledger import balance_get
+from tenants.models import Budget, Campaign, Membership, Notification
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def lab():
+    tenant = factories.tenant(name="Vision Lab", credits=100_000)
+    manager = factories.member(tenant=tenant, role=Membership.Role.MANAGER)
+    researcher = factories.member(tenant=tenant)
+    return tenant, manager, researcher
+
+
+def test_dashboard_requires_login(client):
+    response = client.get(reverse("dashboard"))
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+
+
+def test_dashboard_shows_credits_budget_and_only_own_notifications(client, lab):
+    tenant, _manager, researcher = lab
+    other = factories.tenant(name="Speech Lab")
+    Notification.objects.create(tenant=tenant, kind="budget", message="Monthly budget at 80%")
+    Notification.objects.create(tenant=other, kind="budget", message="Speech secret alert")
+    from tenants.budgets import budget_set
+
+    budget_set(tenant=tenant, window="month", mode="soft", cap=40_000, actor=None)
+    client.force_login(researcher)
+    response = client.get(reverse("dashboard"))
+    body = response.content.decode()
+    assert 'data-testid="available">100.000<' in body
+    assert "Monthly budget at 80%" in body
+    assert "Speech secret alert" not in body
+    assert "40.000" in body  # the cap
+    assert reverse("allocations_live") in body  # the live panel's htmx source
+
+
+def test_navigation_follows_role(client, lab):
+    _tenant, manager, researcher = lab
+    client.force_login(researcher)
+    body = client.get(reverse("dashboard")).content.decode()
+    assert reverse("bid_new") in body and reverse("team_members") not in body
+    assert reverse("audit_review") not in body
+    client.force_login(manager)
+    assert reverse("team_members") in client.get(reverse("dashboard")).content.decode()
+    client.force_login(factories.admin_user())
+    body = client.get(reverse("dashboard")).content.decode()
+    assert reverse("audit_review") in body and 'href="/market/policy/"' in body
+
+
+def test_researcher_cannot_manage_team(client, lab):
+    _tenant, _manager, researcher = lab
+    client.force_login(researcher)
+    assert client.get(reverse("team_members")).status_code == 403
+    response = client.post(reverse("team_members"), {"username": "mallory", "role": "manager"})
+    assert response.status_code == 403
+    assert not Membership.objects.filter(user__username="mallory").exists()
+
+
+def test_manager_adds_member_and_changes_role(client, lab):
+    tenant, manager, researcher = lab
+    client.force_login(manager)
+    response = client.post(
+        reverse("team_members"), {"username": "newbie", "role": "researcher", "password": "pw-newbie-1"}
+    )
+    assert response.status_code == 302
+    assert Membership.objects.get(user__username="newbie").tenant == tenant
+    client.post(reverse("team_member_role"), {"username": researcher.username, "role": "manager"})
+    assert Membership.objects.get(user=researcher).role == "manager"
+    assert AuditEvent.objects.filter(action="membership.set", actor_label=manager.username).count() == 2
+
+
+def test_manager_cannot_take_another_tenants_member(client, lab):
+    _tenant, manager, _researcher = lab
+    other = factories.tenant(name="Speech Lab")
+    outsider = factories.member(tenant=other)
+    client.force_login(manager)
+    response = client.post(reverse("team_members"), {"username": outsider.username, "role": "manager"})
+    assert response.status_code == 400
+    assert b"already belongs to another tenant" in response.content
+    client.post(reverse("team_member_role"), {"username": outsider.username, "role": "manager"})
+    assert Membership.objects.get(user=outsider).tenant == other
+    assert Membership.objects.get(user=outsider).role == "researcher"
+
+
+def test_manager_creates_campaign_and_cap_with_inline_errors(client, lab):
+    tenant, manager, _ = lab
+    client.force_login(manager)
+    bad = client.post(
+        reverse("team_campaigns"),
+        {"name": "ICML", "starts_at": "2030-02-01T00:00", "ends_at": "2030-01-01T00:00"},
+    )
+    assert bad.status_code == 400
+    assert b"must end after it starts" in bad.content
+    ok = client.post(
+        reverse("team_campaigns"),
+        {"name": "ICML", "starts_at": "2030-01-01T00:00", "ends_at": "2030-02-01T00:00"},
+    )
+    assert ok.status_code == 302
+    campaign = Campaign.objects.get(tenant=tenant, name="ICML")
+    response = client.post(
+        reverse("team_budget_set"),
+        {"window": "campaign", "mode": "hard", "cap": "250.5", "campaign": campaign.pk},
+    )
+    assert response.status_code == 302
+    assert Budget.objects.get(tenant=tenant, campaign=campaign).cap == 250_500
+    bad_cap = client.post(reverse("team_budget_set"), {"window": "month", "mode": "safe", "cap": "1.2345"})
+    assert bad_cap.status_code == 400
+    assert b"at most three decimals" in bad_cap.content
+
+
+def test_manager_cannot_use_another_tenants_campaign(client, lab):
+    tenant, manager, _ = lab
+    other = factories.tenant(name="Speech Lab")
+    from datetime import UTC, datetime
+
+    from tenants.budgets import campaign_create
+
+    foreign = campaign_create(
+        tenant=other, name="Theirs", starts_at=datetime(2030, 1, 1, tzinfo=UTC),
+        ends_at=datetime(2030, 2, 1, tzinfo=UTC), actor=None,
+    )
+    client.force_login(manager)
+    page = client.get(reverse("team_campaigns")).content.decode()
+    assert "Theirs" not in page
+    response = client.post(
+        reverse("team_budget_set"), {"window": "campaign", "mode": "safe", "cap": "5", "campaign": foreign.pk}
+    )
+    assert response.status_code == 400
+    assert not Budget.objects.filter(campaign=foreign).exists()
+
+
+@pytest.mark.parametrize("name", ["staff_tenants", "staff_credits", "staff_budgets"])
+def test_staff_pages_are_staff_only(client, lab, name):
+    _tenant, manager, _ = lab
+    assert client.get(reverse(name)).status_code == 302
+    client.force_login(manager)
+    assert client.get(reverse(name)).status_code == 403
+    assert client.post(reverse(name), {}).status_code == 403
+
+
+def test_staff_grants_credits_with_reason(client, lab):
+    tenant, _, _ = lab
+    admin = factories.admin_user()
+    client.force_login(admin)
+    missing_reason = client.post(reverse("staff_credits"), {"tenant": tenant.pk, "amount": "10", "reason": ""})
+    assert missing_reason.status_code == 400
+    assert b"This field is required" in missing_reason.content
+    assert balance_get(tenant=tenant).available == 100_000
+    response = client.post(
+        reverse("staff_credits"), {"tenant": tenant.pk, "amount": "12.5", "reason": "Q3 allocation"}
+    )
+    assert response.status_code == 302
+    assert balance_get(tenant=tenant).available == 112_500
+    assert b"Q3 allocation" in client.get(reverse("staff_credits")).content
+
+
+def test_staff_sets_budget_and_creates_tenant(client, lab):
+    tenant, _, _ = lab
+    client.force_login(factories.admin_user())
+    response = client.post(
+        reverse("staff_budgets"), {"tenant": tenant.pk, "window": "day", "mode": "hard", "cap": "30"}
+    )
+    assert response.status_code == 302
+    assert Budget.objects.get(tenant=tenant, window="day").cap == 30_000
+    response = client.post(reverse("staff_tenants"), {"name": "Robotics", "weight": "2"})
+    assert response.status_code == 302
+    duplicate = client.post(reverse("staff_tenants"), {"name": "Robotics", "weight": "2"})
+    assert duplicate.status_code == 400
+    assert b"already exists" in duplicate.content
+
+
+def test_every_form_carries_a_csrf_token(client, lab):
+    _tenant, manager, _ = lab
+    client.force_login(manager)
+    for name in ("team_members", "team_campaigns"):
+        body = client.get(reverse(name)).content.decode()
+        assert body.count("<form") == body.count("csrfmiddlewaretoken")
