@@ -1,0 +1,84 @@
+"""One door to HiGHS for the linear and mixed-integer problems."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import highspy
+import numpy as np
+import scipy.sparse as sp
+
+from .errors import SolverError
+
+
+@dataclass(frozen=True)
+class LpSolution:
+    x: np.ndarray  # (n,) column values
+    row_dual: np.ndarray  # (m,) marginal objective per unit of row bound (maximisation)
+    status: str  # "optimal", "time_limit" (feasible incumbent) or "no_solution"
+    seconds: float  # wall time of the solver run alone
+
+
+def solve(
+    *,
+    cost: np.ndarray,
+    matrix: sp.spmatrix,
+    row_lo: np.ndarray,
+    row_hi: np.ndarray,
+    col_lo: np.ndarray,
+    col_hi: np.ndarray,
+    integer: np.ndarray | None = None,
+    time_limit: float = 10.0,
+    what: str = "clearing problem",
+) -> LpSolution:
+    """Maximise cost @ x subject to row_lo <= matrix @ x <= row_hi, col_lo <= x <= col_hi.
+
+    Plain LPs use the simplex method so that the answer is a vertex: the network problems
+    built here have integral vertices, which is what makes whole GPUs free of rounding.
+    """
+    A = sp.csc_matrix(matrix)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = A.shape[1], A.shape[0]
+    lp.sense_ = highspy.ObjSense.kMaximize
+    lp.col_cost_ = np.asarray(cost, dtype=float)
+    lp.col_lower_ = np.asarray(col_lo, dtype=float)
+    lp.col_upper_ = np.asarray(col_hi, dtype=float)
+    lp.row_lower_ = np.asarray(row_lo, dtype=float)
+    lp.row_upper_ = np.asarray(row_hi, dtype=float)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = A.indptr
+    lp.a_matrix_.index_ = A.indices
+    lp.a_matrix_.value_ = A.data
+    mip = integer is not None and bool(np.any(integer))
+    if mip:
+        lp.integrality_ = [
+            highspy.HighsVarType.kInteger if flag else highspy.HighsVarType.kContinuous
+            for flag in integer
+        ]
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit))
+    if not mip:
+        h.setOptionValue("solver", "simplex")
+    h.passModel(lp)
+    start = time.perf_counter()
+    h.run()
+    seconds = time.perf_counter() - start
+    model_status = h.getModelStatus()
+    has_solution = h.getInfo().primal_solution_status == 2  # 2 = feasible point held
+    if model_status == highspy.HighsModelStatus.kOptimal:
+        status = "optimal"
+    elif model_status == highspy.HighsModelStatus.kTimeLimit and mip:
+        status = "time_limit" if has_solution else "no_solution"
+    else:
+        raise SolverError(
+            f"{what}: the solver stopped with status {h.modelStatusToString(model_status)!r}"
+            + ("; raise params.time_limit or simplify the instance" if "Time" in
+               h.modelStatusToString(model_status) else "")
+        )
+    if status == "no_solution":
+        return LpSolution(np.zeros(A.shape[1]), np.zeros(A.shape[0]), status, seconds)
+    sol = h.getSolution()
+    row_dual = np.array(sol.row_dual) if sol.dual_valid else np.zeros(A.shape[0])
+    return LpSolution(np.array(sol.col_value), row_dual, status, seconds)

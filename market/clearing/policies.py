@@ -1,0 +1,62 @@
+"""The policy registry: name -> solver function and its documented parameters.
+
+Parameters (``policy.params`` in the instance JSON):
+- ``time_limit`` (seconds, default 10): wall-clock limit of each mixed-integer solve
+  (gang bids). welfare and maxmin.
+- ``values`` (``{tenant: {tier: credits per GPU-hour}}``, default: each tenant's best limit on
+  the tier): the value a tenant puts on a GPU of a tier. fisher and maxmin; a tier the
+  tenant did not bid on stays worth 0 to it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ClearingError
+from .fisher import fisher
+from .market import Market, Outcome
+from .maxmin import maxmin
+from .welfare import welfare
+
+
+@dataclass(frozen=True)
+class Policy:
+    run: Callable[[Market, Mapping[str, Any]], Outcome]
+    defaults: Mapping[str, Any]
+
+
+POLICIES: dict[str, Policy] = {
+    "welfare": Policy(welfare, {"time_limit": 10.0}),
+    "fisher": Policy(fisher, {"values": None}),
+    "maxmin": Policy(maxmin, {"time_limit": 10.0, "values": None}),
+}
+
+
+def policy_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Defaults merged with the given parameters, each checked."""
+    if name not in POLICIES:
+        raise ClearingError(
+            f"policy.name: unknown policy {name!r}; choose one of {', '.join(POLICIES)}"
+        )
+    if params is not None and not isinstance(params, Mapping):
+        raise ClearingError("policy.params: must be an object")
+    merged = dict(POLICIES[name].defaults)
+    for key, value in (params or {}).items():
+        if key not in merged:
+            known = ", ".join(merged) or "none"
+            raise ClearingError(
+                f"policy.params.{key}: unknown parameter for {name!r} (known: {known})"
+            )
+        merged[key] = value
+    limit = merged.get("time_limit")
+    if limit is not None and (
+        isinstance(limit, bool)
+        or not isinstance(limit, int | float)
+        or not math.isfinite(limit)
+        or limit <= 0
+    ):
+        raise ClearingError("policy.params.time_limit: must be a number of seconds > 0")
+    return merged

@@ -1,0 +1,70 @@
+"""Minimal competitive-equilibrium prices of an optimal welfare allocation.
+
+The optimal dual prices form a lattice; its least element is the smallest uniform price
+per tier at which the allocation is an equilibrium. On the residual network of an optimal
+flow (source -> bid -> [capped group] -> tier -> sink) the dual potentials are exactly the
+solutions of the difference constraints Q_j >= Q_i + profit for every residual arc, so the
+least potentials are longest-path distances from the source, found by Bellman-Ford rounds,
+each one vectorised over all arcs. A simple path meets each tier at most once, so the
+rounds stop after a few times T.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import SolverError
+from .market import EPS, OpenMarket
+
+
+def _max_at(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
+    if index.size:
+        np.maximum.at(target, index, values)
+
+
+def minimal_prices(m: OpenMarket, x: np.ndarray) -> np.ndarray:
+    """Least tier potentials (T,), credits/GPU-hour, before the reserve is applied."""
+    T, B, G = m.tier_room.size, m.bid_room.size, m.group_room.size
+    tol = 1e-7 * (1.0 + float(np.abs(m.arc_price).max(initial=0.0)))
+    bid_flow = np.bincount(m.arc_bid, weights=x, minlength=B)
+    tier_flow = np.bincount(m.arc_tier, weights=x, minlength=T)
+    capped = m.arc_capped >= 0
+    group_flow = np.bincount(m.arc_capped[capped], weights=x[capped], minlength=G)
+    group_tier = np.full(G, -1)
+    group_tier[m.arc_capped[capped]] = m.arc_tier[capped]
+    live_group = np.flatnonzero(group_tier >= 0)
+
+    bid_base = np.where(bid_flow < m.bid_room - EPS, 0.0, -np.inf)
+    tier_base = np.where(tier_flow > EPS, 0.0, -np.inf)
+    used = x > EPS
+    up_t = np.flatnonzero(~capped)  # bid -> tier, never saturated
+    up_g = np.flatnonzero(capped)
+    down_t = np.flatnonzero(~capped & used)  # tier -> bid, along used arcs
+    down_g = np.flatnonzero(capped & used)
+    g_open = live_group[group_flow[live_group] < m.group_room[live_group] - EPS]
+    g_used = live_group[group_flow[live_group] > EPS]
+
+    q_bid = bid_base.copy()
+    q_group = np.full(G, -np.inf)
+    q_tier = tier_base.copy()
+    for _ in range(4 * T + 8):
+        new_group = np.full(G, -np.inf)
+        _max_at(new_group, m.arc_capped[up_g], q_bid[m.arc_bid[up_g]] + m.arc_price[up_g])
+        new_group[g_used] = np.maximum(new_group[g_used], q_tier[group_tier[g_used]])
+        new_tier = tier_base.copy()
+        _max_at(new_tier, m.arc_tier[up_t], q_bid[m.arc_bid[up_t]] + m.arc_price[up_t])
+        _max_at(new_tier, group_tier[g_open], new_group[g_open])
+        new_bid = bid_base.copy()
+        _max_at(new_bid, m.arc_bid[down_t], new_tier[m.arc_tier[down_t]] - m.arc_price[down_t])
+        _max_at(
+            new_bid, m.arc_bid[down_g], new_group[m.arc_capped[down_g]] - m.arc_price[down_g]
+        )
+        with np.errstate(invalid="ignore"):  # -inf - -inf: both unreachable, unchanged
+            settled = all(
+                np.all((new == old) | (np.abs(new - old) <= tol))
+                for new, old in ((new_bid, q_bid), (new_group, q_group), (new_tier, q_tier))
+            )
+        q_bid, q_group, q_tier = new_bid, new_group, new_tier
+        if settled:
+            return np.maximum(q_tier, 0.0)
+    raise SolverError("welfare prices: the allocation is not optimal (prices did not settle)")

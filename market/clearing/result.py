@@ -1,0 +1,32 @@
+"""The clearing result and its JSON form."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class Allocation(NamedTuple):
+    bid: str
+    tier: str
+    gpus: float  # whole numbers unless cleared in divisible mode
+
+
+@dataclass(frozen=True)
+class Result:
+    allocations: tuple[Allocation, ...]  # sorted by (bid id, tier order)
+    prices: Mapping[str, float]  # tier -> credits/GPU-hour
+    charges: Mapping[str, float]  # bid -> credits/hour, winners only
+    spend: Mapping[str, float]  # tenant -> credits/hour
+    diagnostics: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "allocations": [
+                {"bid": a.bid, "tier": a.tier, "gpus": a.gpus} for a in self.allocations
+            ],
+            "prices": dict(self.prices),
+            "charges": dict(self.charges),
+            "diagnostics": dict(self.diagnostics),
+        }
