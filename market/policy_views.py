@@ -1,0 +1,205 @@
+"""Policy pages (platform staff only): versions, edit as a new version, activate, shadow,
+the shadow comparison, replaying past rounds under a candidate, and voiding a round.
+
+Each view parses and authorises, calls one service or selector, and renders.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from audit.views import staff_required
+from market import policy_charts
+from market.errors import MarketError
+from market.guardrails import GUARDRAIL_FIELDS
+from market.models import PolicyVersion, Round, Tier
+from market.policy_forms import PolicyVersionForm, ReplayForm, VoidForm
+from market.policy_selectors import rounds_replay, shadow_comparison, versions_list
+from market.services.policy import (
+    policy_activate,
+    policy_active,
+    policy_shadow_set,
+    policy_version_create,
+)
+from market.void import round_void
+from tenants.models import Notification
+
+
+def _version(number: int) -> PolicyVersion:
+    return get_object_or_404(PolicyVersion.objects.select_related("parent"), number=number)
+
+
+def _tiers() -> list[Tier]:
+    return list(Tier.objects.order_by("slug"))
+
+
+@staff_required
+def policy_list(request: HttpRequest) -> HttpResponse:
+    policy_active()  # a fresh platform gets its default version here, as everywhere
+    alerts = Notification.objects.filter(
+        tenant=None, kind__in=["policy_guardrail", "round_voided"]
+    )[:10]
+    rounds = Round.objects.select_related("policy").order_by("-starts_at")[:20]
+    return render(
+        request,
+        "market/policy/list.html",
+        {"versions": versions_list(), "alerts": alerts, "rounds": rounds},
+    )
+
+
+@staff_required
+def policy_detail(request: HttpRequest, number: int) -> HttpResponse:
+    version = _version(number)
+    tiers = _tiers()
+    settings_rows = [(t, version.reserve_for(t.slug), version.max_share_for(t.slug)) for t in tiers]
+    guardrails = [
+        (name, version.guardrails.get(name))
+        for name in GUARDRAIL_FIELDS
+        if name in version.guardrails
+    ]
+    return render(
+        request,
+        "market/policy/detail.html",
+        {
+            "version": version,
+            "tier_rows": settings_rows,
+            "guardrails": guardrails,
+            "replay_form": ReplayForm(),
+            "children": PolicyVersion.objects.filter(parent=version).order_by("number"),
+        },
+    )
+
+
+@staff_required
+def policy_edit(request: HttpRequest, number: int | None = None) -> HttpResponse:
+    """Edit = make a new draft version based on ``number`` (or the active version)."""
+    base = _version(number) if number is not None else policy_active()
+    tiers = _tiers()
+    form = PolicyVersionForm(request.POST or None, tiers=tiers, base=base)
+    if request.method == "POST" and form.is_valid():
+        try:
+            version = policy_version_create(actor=request.user, based_on=base, **form.changes())
+        except MarketError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(
+                request,
+                f"Saved as v{version.number} (a draft based on v{base.number}). Run it in shadow or "
+                "replay past rounds before activating it.",
+            )
+            return redirect("policy_detail", number=version.number)
+    return render(request, "market/policy/edit.html", {"form": form, "base": base})
+
+
+@staff_required
+@require_POST
+def policy_activate_view(request: HttpRequest, number: int) -> HttpResponse:
+    version = _version(number)
+    try:
+        policy_activate(version=version, actor=request.user)
+    except MarketError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"v{version.number} is active from the next round opened.")
+    return redirect("policy_detail", number=version.number)
+
+
+@staff_required
+@require_POST
+def policy_shadow_view(request: HttpRequest, number: int) -> HttpResponse:
+    version = _version(number)
+    try:
+        policy_shadow_set(version=version, actor=request.user)
+    except MarketError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"v{version.number} now clears every round in shadow.")
+    return redirect("policy_detail", number=version.number)
+
+
+@staff_required
+@require_POST
+def policy_shadow_clear(request: HttpRequest) -> HttpResponse:
+    try:
+        policy_shadow_set(version=None, actor=request.user)
+    except MarketError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(
+            request, "Shadow mode stopped: rounds clear under the active version only."
+        )
+    return redirect("policy_list")
+
+
+@staff_required
+def shadow_compare(request: HttpRequest) -> HttpResponse:
+    rows, totals = shadow_comparison(last=48)
+    charts = (
+        [policy_charts.comparison_html(rows, label="Shadow", element_id="shadow-chart")]
+        if rows
+        else []
+    )
+    return render(
+        request,
+        "market/policy/compare.html",
+        {
+            "rows": rows,
+            "totals": totals,
+            "charts": charts,
+            "title": "Shadow comparison",
+            "other_label": "Shadow",
+        },
+    )
+
+
+@staff_required
+def policy_replay(request: HttpRequest, number: int) -> HttpResponse:
+    version = _version(number)
+    form = ReplayForm(request.GET or None)
+    rows = totals = None
+    charts: list[str] = []
+    if form.is_valid():
+        rows, totals = rounds_replay(version=version, last=form.cleaned_data["rounds"])
+        if rows:
+            charts = [
+                policy_charts.comparison_html(
+                    rows, label=f"v{version.number}", element_id="replay-chart"
+                )
+            ]
+    return render(
+        request,
+        "market/policy/replay.html",
+        {
+            "version": version,
+            "form": form,
+            "rows": rows,
+            "totals": totals,
+            "charts": charts,
+            "other_label": f"v{version.number} (replayed)",
+        },
+    )
+
+
+@staff_required
+def round_void_view(request: HttpRequest, pk: int) -> HttpResponse:
+    rnd = get_object_or_404(Round.objects.select_related("policy"), pk=pk)
+    form = VoidForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            round_void(round=rnd, actor=request.user, reason=form.cleaned_data["reason"])
+        except MarketError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(
+                request,
+                f"Round {rnd.pk} voided: charges refunded, allocations revoked; the enforcement loop "
+                "stops the work with the normal grace period.",
+            )
+            return redirect("policy_list")
+    allocations = rnd.allocations.select_related("tenant", "tier").order_by("pk")
+    return render(
+        request, "market/policy/void.html", {"round": rnd, "form": form, "allocations": allocations}
+    )
