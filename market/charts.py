@@ -115,6 +115,8 @@ def supply_demand(
         xaxis_title="GPUs",
         yaxis_title="Credits per GPU-hour",
         yaxis_range=[0, top],
+        # Room right of the capacity line so the vertical part of supply stays visible.
+        xaxis_range=[0, max(capacity, xs[-1] if xs else 0, 1) * 1.1],
         **_LAYOUT,
     )
     return fig
