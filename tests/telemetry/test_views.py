@@ -21,14 +21,26 @@ def _allocation(tenant, user, tier) -> Allocation:
     now = timezone.now()
     policy = PolicyVersion.objects.create(number=1, status=PolicyVersion.Status.ACTIVE)
     rnd = Round.objects.create(
-        policy=policy, status=Round.Status.SETTLED, opens_at=now - timedelta(hours=2),
-        closes_at=now - timedelta(hours=1), starts_at=now - timedelta(minutes=30),
+        policy=policy,
+        status=Round.Status.SETTLED,
+        opens_at=now - timedelta(hours=2),
+        closes_at=now - timedelta(hours=1),
+        starts_at=now - timedelta(minutes=30),
         ends_at=now + timedelta(minutes=30),
     )
-    bid = Bid.objects.create(tenant=tenant, author=user, round=rnd, quantity=1, status=Bid.Status.WON)
+    bid = Bid.objects.create(
+        tenant=tenant, author=user, round=rnd, quantity=1, status=Bid.Status.WON
+    )
     return Allocation.objects.create(
-        tenant=tenant, round=rnd, bid=bid, tier=tier, gpus=1, price=1000, charge=1000,
-        starts_at=rnd.starts_at, ends_at=rnd.ends_at,
+        tenant=tenant,
+        round=rnd,
+        bid=bid,
+        tier=tier,
+        gpus=1,
+        price=1000,
+        charge=1000,
+        starts_at=rnd.starts_at,
+        ends_at=rnd.ends_at,
     )
 
 
@@ -40,16 +52,32 @@ def running(tier):
     node, _token = node_register(name="sim-1", tier=tier, actor="test")
     node.simulated = True
     node.save(update_fields=["simulated"])
-    gpu = Gpu.objects.create(node=node, uuid="GPU-sim-0", index=0, name="Sim A100", tier=tier, memory_total_mib=81920)
+    gpu = Gpu.objects.create(
+        node=node, uuid="GPU-sim-0", index=0, name="Sim A100", tier=tier, memory_total_mib=81920
+    )
     now = timezone.now()
     Sample.objects.bulk_create(
-        Sample(gpu=gpu, at=now - timedelta(minutes=m), utilization_pct=70.0 + m, memory_used_mib=1000,
-               memory_total_mib=81920, power_w=300, temperature_c=60, energy_j=1e6)
+        Sample(
+            gpu=gpu,
+            at=now - timedelta(minutes=m),
+            utilization_pct=70.0 + m,
+            memory_used_mib=1000,
+            memory_total_mib=81920,
+            power_w=300,
+            temperature_c=60,
+            energy_j=1e6,
+        )
         for m in range(3)
     )
     ProcessObservation.objects.create(
-        node=node, gpu=gpu, pid=4242, memory_mib=1000, allocation_ref=allocation.pk,
-        state=ProcessObservation.State.RUNNING, at=now, seen_at=now,
+        node=node,
+        gpu=gpu,
+        pid=4242,
+        memory_mib=1000,
+        allocation_ref=allocation.pk,
+        state=ProcessObservation.State.RUNNING,
+        at=now,
+        seen_at=now,
     )
     return tenant, user, allocation
 
