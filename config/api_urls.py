@@ -4,7 +4,7 @@ Resource paths have no trailing slash (/api/v1/allocations/7/pace). Each app kee
 serializers and viewsets in <app>/api/; this module only mounts them.
 """
 
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
@@ -18,9 +18,17 @@ from tenants.api.views import (
     LedgerViewSet,
     MeView,
     NotificationViewSet,
+    api_not_found,
 )
 
-router = DefaultRouter(trailing_slash=False)
+
+
+class ApiRouter(DefaultRouter):
+    # One representation (JSON): no ".json" twins of every route.
+    include_format_suffixes = False
+
+
+router = ApiRouter(trailing_slash=False)
 router.register("tiers", TierViewSet, basename="tier")
 router.register("rounds", RoundViewSet, basename="round")
 router.register("bids", BidViewSet, basename="bid")
@@ -40,4 +48,6 @@ urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    # Last: any other /api/ path answers 404 in the API's JSON error shape, not an HTML page.
+    re_path(r"^.*$", api_not_found),
 ]

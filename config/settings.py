@@ -155,6 +155,11 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     # Tags and operation ids from the resource ("bids_create"), not the version prefix.
     "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        # The agents' ingest endpoint is a plain Django view; this adds it to the schema.
+        "telemetry.api.openapi.ingest_schema_append",
+    ],
     # The documentation pages load their scripts from our static files, never from a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -392,6 +392,7 @@ class AllocationPaceView(APIView):
 
     permission_classes = [permissions.IsAuthenticated, IsTenantMember]
     tenant_scoped = True
+    queryset = Allocation.objects.select_related("tier")
 
     def get_throttles(self):
         return [ScopedThrottle("pace")]
@@ -403,9 +404,7 @@ class AllocationPaceView(APIView):
         tags=["allocations"],
     )
     def get(self, request, pk: int):
-        allocation = access_object(
-            Allocation.objects.select_related("tier"), tenant=require_tenant(request.user), pk=pk
-        )
+        allocation = access_object(self.queryset.all(), tenant=require_tenant(request.user), pk=pk)
         reading = allocation_pace(allocation=allocation)
         return Response(
             PaceSerializer(

@@ -6,7 +6,6 @@ from rest_framework import serializers
 
 from market.models import Allocation, Bid, PolicyVersion, Round, Tier
 from market.services._common import MAX_GPUS, MAX_PRICE
-from tenants.models import Campaign
 
 
 class TierSerializer(serializers.ModelSerializer):
@@ -121,9 +120,7 @@ _LIMITS_HELP = (
 
 
 class BidCreateSerializer(serializers.Serializer):
-    round = serializers.PrimaryKeyRelatedField(
-        queryset=Round.objects.all(), help_text="An open round's id."
-    )
+    round = serializers.IntegerField(min_value=1, help_text="The id of the round open for bids.")
     quantity = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, help_text="GPUs wanted.")
     min_quantity = serializers.IntegerField(
         min_value=0,
@@ -136,21 +133,14 @@ class BidCreateSerializer(serializers.Serializer):
         allow_empty=False,
         help_text=_LIMITS_HELP,
     )
-    campaign = serializers.PrimaryKeyRelatedField(
-        queryset=Campaign.objects.none(),
+    campaign = serializers.IntegerField(
+        min_value=1,
         allow_null=True,
         required=False,
         default=None,
         help_text="One of your tenant's campaign ids, to count the spend against it.",
     )
     note = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        tenant = self.context.get("tenant")
-        if tenant is not None:
-            # Only the caller's campaigns resolve; another tenant's id reads as missing.
-            self.fields["campaign"].queryset = Campaign.objects.filter(tenant=tenant)
 
 
 class BidEditSerializer(serializers.Serializer):

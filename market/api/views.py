@@ -3,7 +3,10 @@ caller's tenant only). Writes go through the same services as the web pages."""
 
 from __future__ import annotations
 
+import re
+
 from django.db.models import Prefetch
+from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
@@ -23,8 +26,11 @@ from market.api.serializers import (
 )
 from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
 from market.services import bid_cancel, bid_edit, bid_place
+from tenants.access import access_object
 from tenants.api.base import Pagination, TenantScopedViewSet
+from tenants.api.errors import Missing, Refused
 from tenants.api.views import query_filters
+from tenants.models import Campaign
 
 
 class TierViewSet(viewsets.ReadOnlyModelViewSet):
@@ -76,6 +82,21 @@ class RoundViewSet(viewsets.ReadOnlyModelViewSet):
             .order_by("closes_at")
         )
         return Response(RoundSerializer(rounds, many=True).data)
+
+
+SLUG = re.compile(r"^[-a-z0-9_]{1,40}$")
+
+
+def limits_checked(limits: dict) -> dict[str, int]:
+    """Limits whose keys can name a tier; anything else is refused like an unknown tier."""
+    bad = sorted(key for key in limits if not SLUG.match(key))
+    if bad:
+        raise Refused(
+            f"unknown tier {', '.join(map(repr, bad))}: tier slugs are lower-case letters, "
+            "digits and hyphens; GET /api/v1/tiers lists them",
+            fields={"limits": [f"unknown tier {key}" for key in bad]},
+        )
+    return dict(limits)
 
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
@@ -131,21 +152,38 @@ class BidViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         summary="Place a bid (holds its maximum cost in escrow)",
     )
     def create(self, request):
-        serializer = BidCreateSerializer(data=request.data, context={"tenant": self.tenant})
+        serializer = BidCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         bid = bid_place(
             user=request.user,
             tenant=self.tenant,
-            round=data["round"],
+            round=self._round(data["round"]),
             quantity=data["quantity"],
             min_quantity=data["min_quantity"],
-            limits=dict(data["limits"]),
-            campaign=data["campaign"],
+            limits=limits_checked(data["limits"]),
+            campaign=self._campaign(data["campaign"]),
             idempotency_key=request.headers.get("Idempotency-Key") or None,
             note=data["note"],
         )
         return self._answer(bid, status.HTTP_201_CREATED)
+
+    def _round(self, round_id: int) -> Round:
+        rnd = Round.objects.filter(pk=round_id).first()
+        if rnd is None:
+            raise Missing(f"There is no round {round_id}.", fields={"round": ["no such round"]})
+        return rnd
+
+    def _campaign(self, campaign_id: int | None) -> Campaign | None:
+        if campaign_id is None:
+            return None
+        try:
+            return access_object(Campaign.objects.all(), tenant=self.tenant, pk=campaign_id)
+        except Http404 as exc:
+            raise Missing(
+                f"Your team has no campaign {campaign_id}.",
+                fields={"campaign": ["no such campaign"]},
+            ) from exc
 
     @extend_schema(
         request=BidEditSerializer,
@@ -163,7 +201,7 @@ class BidViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             bid_id=bid.pk,
             quantity=data.get("quantity"),
             min_quantity=data.get("min_quantity"),
-            limits=dict(data["limits"]) if "limits" in data else None,
+            limits=limits_checked(data["limits"]) if "limits" in data else None,
         )
         return self._answer(bid)
 

@@ -12,14 +12,25 @@ from rest_framework.response import Response
 
 
 class Refused(exceptions.APIException):
-    """A well-formed request the domain said no to (insufficient credits, round closed...)."""
+    """A well-formed request the domain said no to (insufficient credits, round closed, over
+    budget...): 409, because it conflicts with the current state, and retrying the same
+    request may succeed once that state changes."""
 
-    status_code = status.HTTP_400_BAD_REQUEST
+    status_code = status.HTTP_409_CONFLICT
     default_code = "refused"
     default_detail = "The request was refused."
 
     def __init__(self, message: str, *, fields: dict[str, Any] | None = None) -> None:
         super().__init__(message, self.default_code)
+        self.fields = fields or {}
+
+
+class Missing(exceptions.NotFound):
+    """An object named in the request (path or body) is not there for the caller; another
+    tenant's object reads exactly the same."""
+
+    def __init__(self, message: str, *, fields: dict[str, Any] | None = None) -> None:
+        super().__init__(message, "not_found")
         self.fields = fields or {}
 
 

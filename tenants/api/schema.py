@@ -32,17 +32,33 @@ class ErrorSerializer(serializers.Serializer):
 
 
 ERROR_DESCRIPTIONS = {
-    "400": "The request was invalid or the market refused it; `error.fields` names the fields.",
+    "400": "The request is malformed; `error.fields` says what to fix in which field.",
     "401": "No credentials, or the token is unknown or revoked.",
     "403": "Authenticated, but not allowed to do this (role, tenant membership, CSRF).",
     "404": "No such object here (another tenant's object is also reported missing).",
+    "409": "Refused by the market or the ledger in the current state (round closed, not "
+    "enough credits, over budget...); `error.message` says why.",
     "415": "The body must be JSON (Content-Type: application/json).",
     "429": "Rate limit reached; retry after the number of seconds in Retry-After.",
 }
 WRITE_METHODS = {"POST", "PUT", "PATCH"}
 
 
+# DRF's CharField refuses NUL characters (PostgreSQL cannot store them); say so in the schema.
+NO_NUL_PATTERN = r"^[^\u0000]*$"
+
+
 class GpumarketAutoSchema(AutoSchema):
+    def _map_serializer_field(self, field, direction, bypass_extensions=False):
+        """Request fields as DRF validates them: no NUL in text, no empty required dicts."""
+        schema = super()._map_serializer_field(field, direction, bypass_extensions)
+        if direction == "request":
+            if isinstance(field, serializers.CharField) and schema.get("type") == "string":
+                schema.setdefault("pattern", NO_NUL_PATTERN)
+            if isinstance(field, serializers.DictField) and not field.allow_empty:
+                schema["minProperties"] = 1
+        return schema
+
     def _error_codes(self, operation: dict) -> set[str]:
         view = self.view
         codes: set[str] = set()
@@ -55,7 +71,7 @@ class GpumarketAutoSchema(AutoSchema):
         if self.method in WRITE_METHODS or has_query:
             codes.add("400")
         if self.method in WRITE_METHODS:
-            codes.add("415")
+            codes |= {"409", "415"}
         if view.get_throttles():
             codes.add("429")
         return codes

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, permissions
+from rest_framework import exceptions, mixins, permissions
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants.access import membership_of, require_tenant
 from tenants.api.base import IsTenantMember, TenantScopedViewSet
+from tenants.api.errors import error_response
 from tenants.api.serializers import (
     BalanceSerializer,
     BudgetSerializer,
@@ -128,3 +130,18 @@ class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tena
     @extend_schema(parameters=[NotificationFilterSerializer], summary="The tenant's notifications")
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
+
+
+def api_not_found(request, *args, **kwargs):
+    """Any /api/ path no route matches: a JSON 404 a client can parse, not an HTML page."""
+    path = request.path
+    hint = (
+        " API paths have no trailing slash."
+        if path.startswith("/api/v1/") and path.endswith("/")
+        else ""
+    )
+    response = error_response(exceptions.NotFound(f"No API endpoint at {path}.{hint}"))
+    response.accepted_renderer = JSONRenderer()
+    response.accepted_media_type = "application/json"
+    response.renderer_context = {}
+    return response.render()

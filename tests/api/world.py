@@ -7,12 +7,14 @@ window contains now, and an open bid in the round open for bidding.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from audit.models import AuditEvent
 from market.models import Allocation, Bid, Round
 from market.services import (
     bid_place,
@@ -23,6 +25,9 @@ from market.services import (
     round_process,
     tier_create,
 )
+from telemetry.enforcement import enforce
+from telemetry.models import EnforcementAction, Node
+from telemetry.services import node_register, samples_ingest
 from tenants.api.tokens import token_create
 from tenants.budgets import budget_alerts_raise, budget_set, campaign_create
 from tenants.models import Budget, Campaign, Notification, Tenant, Transfer
@@ -31,6 +36,21 @@ from tests import factories
 TIER = "a100"
 RESERVE = 1_000  # milli-credits per GPU-hour
 CREDITS = 1_000_000  # milli-credits granted to each tenant
+# Round windows lie on a grid of the round length counted from this epoch (market.services.rounds).
+GRID_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+MARGIN = timedelta(minutes=20)
+
+
+def round_minutes_around(now: datetime) -> int:
+    """A round length whose grid window containing ``now`` began at least MARGIN ago and
+    ends at least MARGIN from now, so the settled allocations run throughout a test and
+    have samples from before it, whatever the time of day."""
+    for minutes in range(60, 240):
+        length = timedelta(minutes=minutes)
+        phase = (now - GRID_EPOCH) % length
+        if MARGIN <= phase <= length - MARGIN:
+            return minutes
+    raise AssertionError("no round length fits; the search range is too small")
 
 
 @dataclass
@@ -58,6 +78,10 @@ class Side:
             Campaign: self.campaign,
             Transfer: Transfer.objects.filter(tenant=self.tenant).order_by("pk").first(),
             Notification: Notification.objects.filter(tenant=self.tenant).order_by("pk").first(),
+            AuditEvent: AuditEvent.objects.filter(tenant=self.tenant).order_by("pk").first(),
+            EnforcementAction: EnforcementAction.objects.filter(tenant=self.tenant)
+            .order_by("pk")
+            .first(),
         }
 
 
@@ -69,20 +93,27 @@ class World:
     admin_token: str
     open_round: Round
     past_round: Round
+    node: Node | None = None
 
 
 def world_build(*, gpus_per_bid: int = 2) -> World:
     admin = factories.admin_user()
     tier_create(actor=admin, slug=TIER, name="A100 80GB", capacity=8)
+    now = timezone.now()
+    minutes = round_minutes_around(now)
     draft = policy_version_create(
-        actor=admin, based_on=policy_active(), reserve_prices={TIER: RESERVE}
+        actor=admin, based_on=policy_active(), reserve_prices={TIER: RESERVE}, round_minutes=minutes
     )
     policy_activate(version=draft, actor=admin)
 
-    now = timezone.now()
-    # Opened 75 minutes ago: its 60-minute window starts at most now and ends after now, so
-    # the allocations it settles are running now.
-    past = round_open_next(now=now - timedelta(minutes=75))
+    # Opened half a round before the window that contains now: it auctions that window.
+    length = timedelta(minutes=minutes)
+    window_start = now - (now - GRID_EPOCH) % length
+    past = round_open_next(now=window_start - length / 2)
+    assert (
+        past.starts_at == window_start
+        and past.starts_at <= now - MARGIN < now + MARGIN <= past.ends_at
+    )
     tenants = [factories.tenant(credits=CREDITS, actor=admin) for _ in range(2)]
     users = [factories.member(tenant=t) for t in tenants]
     past_bids = [
@@ -137,3 +168,97 @@ def world_build(*, gpus_per_bid: int = 2) -> World:
         open_round=current,
         past_round=past,
     )
+
+
+GPU_MEMORY_MIB = 81_920
+
+
+def gpu_uuid(index: int) -> str:
+    return f"GPU-TEST-{index:02d}"
+
+
+def telemetry_batch(
+    *,
+    node: Node,
+    at: datetime,
+    gpus: int,
+    utilization: dict[int, int],
+    processes: dict[int, int | None],
+    memory_used_mib: int = 8_000,
+) -> None:
+    """One agent batch (docs/telemetry-protocol.md) read at ``at``: GPU i at utilization[i] %
+    (default 0), running one process tagged with allocation processes[i] if i is a key."""
+    samples = []
+    for i in range(gpus):
+        procs = []
+        if i in processes:
+            procs.append(
+                {
+                    "pid": 1000 + i,
+                    "memory_mib": memory_used_mib,
+                    "allocation": processes[i],
+                    "slurm_job": None,
+                    "pod": None,
+                    "state": "running",
+                }
+            )
+        samples.append(
+            {
+                "gpu": gpu_uuid(i),
+                "at": at.isoformat(),
+                "utilization_pct": utilization.get(i, 0),
+                "memory_used_mib": memory_used_mib,
+                "memory_total_mib": GPU_MEMORY_MIB,
+                "power_w": 250.0,
+                "temperature_c": 55.0,
+                "energy_j": 1000.0 + at.timestamp(),
+                "processes": procs,
+            }
+        )
+    payload = {
+        "batch_id": str(uuid.uuid4()),
+        "sent_at": at.isoformat(),
+        "backend": "simulated",
+        "agent_version": "0.1.0",
+        "hostname": node.name,
+        "gpus": [
+            {
+                "uuid": gpu_uuid(i),
+                "index": i,
+                "name": "Simulated A100",
+                "memory_total_mib": GPU_MEMORY_MIB,
+            }
+            for i in range(gpus)
+        ],
+        "samples": samples,
+        "directive_results": [],
+    }
+    samples_ingest(node=node, payload=payload, now=at)
+
+
+def world_telemetry(world: World) -> None:
+    """A node of six GPUs in the tier. Each tenant runs its allocation's job on three GPUs,
+    one more than it won, so the enforcement loop pauses one process per tenant (an
+    EnforcementAction each)."""
+    tier = world.a.allocation.tier
+    node, _token = node_register(name="node-1", tier=tier, actor=world.admin)
+    tags = {
+        0: world.a.allocation.pk,
+        1: world.a.allocation.pk,
+        2: world.a.allocation.pk,
+        3: world.b.allocation.pk,
+        4: world.b.allocation.pk,
+        5: world.b.allocation.pk,
+    }
+    # Ten minutes ago, so the pace tests' later batches replace this view of the processes.
+    at = timezone.now() - timedelta(minutes=10)
+    telemetry_batch(
+        node=node,
+        at=at,
+        gpus=6,
+        utilization={i: 50 for i in tags},
+        processes=tags,
+    )
+    report = enforce(now=at + timedelta(seconds=1))
+    assert len(report.issued) == 2, report
+    world.node = node

@@ -1,0 +1,257 @@
+"""A small Python client for the gpumarket REST API, and the pace helper for training loops.
+
+    from gpumarket.client import Client
+
+    client = Client("https://gpumarket.example.org", token="gm_...")
+    rnd = client.open_round()
+    bid = client.place_bid(round=rnd["id"], quantity=4, limits={"a100": 2_500})
+    pace = client.pace(allocation=17)
+    if pace.allows("heavy"):
+        ...  # heavier augmentation, longer sequences
+
+Money is integer milli-credits (1 credit = 1000); prices are milli-credits per GPU-hour.
+Every refusal raises ApiError with the server's code, message and per-field messages.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import requests
+
+MODES = ("light", "moderate", "heavy")
+
+
+class ApiError(Exception):
+    """The server refused a request (or could not be reached: status 0)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        fields: dict[str, list[str]] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.fields = fields or {}
+        self.retry_after = retry_after
+
+
+class Client:
+    """One API token, one server. Thread-compatible (one requests.Session per client)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 10.0,
+        session: requests.Session | None = None,
+    ) -> None:
+        if not token or not token.startswith("gm_"):
+            raise ValueError(
+                "token must be a personal API token (gm_...), from the API tokens page"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.session = session or requests.Session()
+        self.session.headers.update(
+            {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        )
+
+    # Transport --------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """``path`` is relative to /api/v1 (e.g. "/bids"). Returns the decoded JSON body."""
+        url = f"{self.base_url}/api/v1{path}"
+        try:
+            response = self.session.request(method, url, timeout=self.timeout, **kwargs)
+        except requests.RequestException as exc:
+            raise ApiError(0, "unreachable", f"{method} {url}: {exc}") from exc
+        if response.status_code >= 400:
+            raise self._error(response)
+        if response.status_code == 204 or not response.content:
+            return None
+        return response.json()
+
+    @staticmethod
+    def _error(response: requests.Response) -> ApiError:
+        retry_after = response.headers.get("Retry-After")
+        try:
+            body = response.json()["error"]
+            code, message, fields = body["code"], body["message"], body.get("fields") or {}
+        except (ValueError, KeyError, TypeError):
+            code, message, fields = "http_error", response.text[:500] or response.reason, {}
+        return ApiError(
+            response.status_code,
+            code,
+            message,
+            fields,
+            float(retry_after) if retry_after and retry_after.isdigit() else None,
+        )
+
+    def _pages(self, path: str, params: dict[str, Any] | None = None) -> Iterator[dict]:
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        params.setdefault("limit", 200)
+        params["offset"] = 0
+        while True:
+            page = self.request("GET", path, params=params)
+            yield from page["results"]
+            if not page.get("next"):
+                return
+            params["offset"] += len(page["results"])
+
+    # Reads ------------------------------------------------------------------------------
+
+    def me(self) -> dict:
+        return self.request("GET", "/me")
+
+    def balance(self) -> dict:
+        """{"available": milli-credits, "escrow": ..., "total": ...}"""
+        return self.request("GET", "/balance")
+
+    def tiers(self) -> list[dict]:
+        return list(self._pages("/tiers"))
+
+    def rounds(self, *, status: str | None = None) -> list[dict]:
+        """Rounds, newest window first; ``status`` e.g. "open", "settled", "finished"."""
+        return list(self._pages("/rounds", {"status": status}))
+
+    def open_round(self) -> dict | None:
+        """The round open for bids now, or None."""
+        rounds = self.request("GET", "/rounds/open")
+        return rounds[0] if rounds else None
+
+    def bids(self, *, status: str | None = None, round: int | None = None) -> list[dict]:
+        return list(self._pages("/bids", {"status": status, "round": round}))
+
+    def allocations(self, *, status: str | None = None, round: int | None = None) -> list[dict]:
+        return list(self._pages("/allocations", {"status": status, "round": round}))
+
+    def ledger(self, *, kind: str | None = None) -> list[dict]:
+        return list(self._pages("/ledger", {"kind": kind}))
+
+    def budgets(self) -> list[dict]:
+        return list(self._pages("/budgets"))
+
+    # Bids -------------------------------------------------------------------------------
+
+    def place_bid(
+        self,
+        *,
+        round: int,
+        quantity: int,
+        limits: dict[str, int],
+        min_quantity: int = 0,
+        campaign: int | None = None,
+        note: str = "",
+        idempotency_key: str | None = None,
+    ) -> dict:
+        """Place a bid; ``limits`` = {tier slug: milli-credits per GPU-hour}.
+
+        Sent with an Idempotency-Key (a fresh one unless given), so retrying this call with
+        the same key after a timeout never places, or escrows, the bid twice.
+        """
+        body = {
+            "round": round,
+            "quantity": quantity,
+            "min_quantity": min_quantity,
+            "limits": limits,
+            "campaign": campaign,
+            "note": note,
+        }
+        key = idempotency_key or str(uuid.uuid4())
+        return self.request("POST", "/bids", json=body, headers={"Idempotency-Key": key})
+
+    def edit_bid(
+        self,
+        bid: int,
+        *,
+        quantity: int | None = None,
+        min_quantity: int | None = None,
+        limits: dict[str, int] | None = None,
+    ) -> dict:
+        body = {
+            k: v
+            for k, v in {
+                "quantity": quantity,
+                "min_quantity": min_quantity,
+                "limits": limits,
+            }.items()
+            if v is not None
+        }
+        return self.request("PATCH", f"/bids/{int(bid)}", json=body)
+
+    def cancel_bid(self, bid: int) -> dict:
+        return self.request("POST", f"/bids/{int(bid)}/cancel")
+
+    # Pace -------------------------------------------------------------------------------
+
+    def pace_reading(self, allocation: int) -> dict:
+        """{"mode": ..., "since": ..., "reasons": [...], "numbers": {...}} for one allocation."""
+        return self.request("GET", f"/allocations/{int(allocation)}/pace")
+
+    def pace(self, allocation: int, *, min_interval: float = 30.0, fallback: str = "light") -> Pace:
+        return Pace(self, allocation, min_interval=min_interval, fallback=fallback)
+
+
+class Pace:
+    """What a training loop polls: ``mode()`` asks the server at most once per
+    ``min_interval`` seconds and answers from its cache in between, so calling it every step
+    costs nothing. If the server cannot be asked, the last mode is kept; before any answer,
+    ``fallback`` ("light") is used, so a loop never pushes hard on a guess.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        allocation: int,
+        *,
+        min_interval: float = 30.0,
+        fallback: str = "light",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if fallback not in MODES:
+            raise ValueError(f"fallback must be one of {MODES}, got {fallback!r}")
+        if min_interval < 0:
+            raise ValueError("min_interval must be >= 0 seconds")
+        self.client = client
+        self.allocation = allocation
+        self.min_interval = min_interval
+        self.clock = clock
+        self._mode = fallback
+        self._reading: dict | None = None
+        self._asked_at: float | None = None
+        self.last_error: ApiError | None = None
+
+    def mode(self) -> str:
+        now = self.clock()
+        if self._asked_at is None or now - self._asked_at >= self.min_interval:
+            self._asked_at = now
+            try:
+                reading = self.client.pace_reading(self.allocation)
+            except ApiError as exc:
+                self.last_error = exc
+            else:
+                self.last_error = None
+                self._reading = reading
+                self._mode = reading["mode"]
+        return self._mode
+
+    def allows(self, mode: str) -> bool:
+        """True when the current mode is ``mode`` or heavier (light < moderate < heavy)."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        return MODES.index(self.mode()) >= MODES.index(mode)
+
+    @property
+    def reading(self) -> dict | None:
+        """The last answer from the server (with reasons and numbers), if any."""
+        return self._reading

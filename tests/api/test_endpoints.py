@@ -1,0 +1,264 @@
+"""The endpoints a researcher and an admin use, through the same services as the web pages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import override_settings
+from rest_framework.test import APIClient
+
+from audit.models import AuditEvent
+from market.models import Bid
+from tenants.api.tokens import token_create
+from tenants.budgets import budget_set
+from tenants.ledger import balance_get
+from tenants.models import Budget, Transfer
+from tests.api.world import CREDITS, RESERVE, TIER
+
+pytestmark = pytest.mark.django_db
+
+
+def post(api: APIClient, url: str, body: dict, **headers):
+    return api.post(url, data=json.dumps(body), content_type="application/json", **headers)
+
+
+def patch(api: APIClient, url: str, body: dict):
+    return api.patch(url, data=json.dumps(body), content_type="application/json")
+
+
+def bid_body(world, **overrides) -> dict:
+    return {"round": world.open_round.pk, "quantity": 2, "limits": {TIER: 1_500}} | overrides
+
+
+def test_place_edit_cancel_moves_escrow_and_audits(world):
+    api = world.a.client()
+    tenant = world.a.tenant
+    start = balance_get(tenant=tenant)
+    hours = world.open_round.hours
+
+    placed = post(api, "/api/v1/bids", bid_body(world))
+    assert placed.status_code == 201, placed.content
+    bid = placed.json()
+    assert bid["limits"] == {TIER: 1_500}
+    assert bid["status"] == "open"
+    assert bid["escrow"] == int(2 * 1_500 * hours)
+    assert balance_get(tenant=tenant).available == start.available - bid["escrow"]
+    assert AuditEvent.objects.filter(action="bid.place", object_id=str(bid["id"])).exists()
+
+    edited = patch(api, f"/api/v1/bids/{bid['id']}", {"quantity": 3, "limits": {TIER: 2_000}})
+    assert edited.status_code == 200, edited.content
+    assert edited.json()["escrow"] == int(3 * 2_000 * hours)
+    assert balance_get(tenant=tenant).available == start.available - edited.json()["escrow"]
+
+    cancelled = api.post(f"/api/v1/bids/{bid['id']}/cancel")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled"
+    assert cancelled.json()["escrow"] == 0
+    assert balance_get(tenant=tenant) == start
+
+    again = api.post(f"/api/v1/bids/{bid['id']}/cancel")
+    assert again.status_code == 409
+    assert again.json()["error"]["code"] == "refused"
+    assert "only an open bid" in again.json()["error"]["message"]
+
+
+def test_idempotency_key_makes_a_retry_return_the_first_bid(world):
+    api = world.a.client()
+    first = post(api, "/api/v1/bids", bid_body(world), HTTP_IDEMPOTENCY_KEY="job-7-attempt")
+    holds = Transfer.objects.filter(tenant=world.a.tenant, kind=Transfer.Kind.HOLD).count()
+    retry = post(api, "/api/v1/bids", bid_body(world), HTTP_IDEMPOTENCY_KEY="job-7-attempt")
+    assert first.status_code == retry.status_code == 201
+    assert retry.json()["id"] == first.json()["id"]
+    assert Transfer.objects.filter(tenant=world.a.tenant, kind=Transfer.Kind.HOLD).count() == holds
+    other = post(
+        api, "/api/v1/bids", bid_body(world, quantity=3), HTTP_IDEMPOTENCY_KEY="job-7-attempt"
+    )
+    assert other.status_code == 409
+    assert "other terms" in other.json()["error"]["message"]
+
+
+def test_refusals_write_nothing_and_say_why(world):
+    api = world.a.client()
+    bids = Bid.objects.count()
+    transfers = Transfer.objects.count()
+
+    broke = post(api, "/api/v1/bids", bid_body(world, quantity=1_000, limits={TIER: 1_000_000}))
+    assert broke.status_code == 409
+    assert "insufficient credits" in broke.json()["error"]["message"]
+
+    budget_set(
+        tenant=world.a.tenant,
+        window=Budget.Window.DAY,
+        mode=Budget.Mode.SAFE,
+        cap=1_000,
+        actor=None,
+    )
+    capped = post(api, "/api/v1/bids", bid_body(world))
+    assert capped.status_code == 409
+    assert "budget would be exceeded" in capped.json()["error"]["message"]
+
+    unknown = post(api, "/api/v1/bids", bid_body(world, limits={"h900": 1_000}))
+    assert unknown.status_code == 409
+    assert "unknown tier h900" in unknown.json()["error"]["message"]
+
+    not_a_slug = post(api, "/api/v1/bids", bid_body(world, limits={"A 100!": 1_000}))
+    assert not_a_slug.status_code == 409
+    assert not_a_slug.json()["error"]["fields"] == {"limits": ["unknown tier A 100!"]}
+
+    closed = post(api, "/api/v1/bids", bid_body(world, round=world.past_round.pk))
+    assert closed.status_code == 409
+    assert "closed" in closed.json()["error"]["message"]
+
+    assert Bid.objects.count() == bids
+    assert Transfer.objects.count() == transfers
+
+
+def test_malformed_requests_get_field_messages(world):
+    api = world.a.client()
+    bad = post(
+        api, "/api/v1/bids", {"round": world.open_round.pk, "quantity": 0, "limits": {TIER: "lots"}}
+    )
+    assert bad.status_code == 400
+    error = bad.json()["error"]
+    assert error["code"] == "invalid"
+    assert set(error["fields"]) == {"quantity", f"limits.{TIER}"}
+    assert "quantity" in error["message"]
+
+    empty = post(api, "/api/v1/bids", {"round": world.open_round.pk, "quantity": 1, "limits": {}})
+    assert empty.status_code == 400
+    assert "limits" in empty.json()["error"]["fields"]
+
+    not_json = api.post("/api/v1/bids", data="{oops", content_type="application/json")
+    assert not_json.status_code == 400
+    assert not_json.json()["error"]["code"] == "parse_error"
+
+    form = api.post("/api/v1/bids", data={"round": 1})
+    assert form.status_code == 415
+
+    bad_filter = api.get("/api/v1/ledger?kind=gift&since=yesterday")
+    assert bad_filter.status_code == 400
+    assert set(bad_filter.json()["error"]["fields"]) == {"kind", "since"}
+
+
+def test_references_to_missing_or_foreign_objects_are_404_with_the_field(world):
+    api = world.b.client()
+    no_round = post(api, "/api/v1/bids", bid_body(world, round=999_999))
+    assert no_round.status_code == 404
+    assert no_round.json()["error"]["fields"] == {"round": ["no such round"]}
+    foreign = post(api, "/api/v1/bids", bid_body(world, campaign=world.a.campaign.pk))
+    assert foreign.status_code == 404
+    assert foreign.json()["error"]["fields"] == {"campaign": ["no such campaign"]}
+    own = post(api, "/api/v1/bids", bid_body(world, campaign=world.b.campaign.pk))
+    assert own.status_code == 201
+    assert own.json()["campaign"] == world.b.campaign.pk
+
+
+def test_bid_rate_limit_is_per_token_and_says_when_to_retry(world, settings):
+    settings.REST_FRAMEWORK = settings.REST_FRAMEWORK | {
+        "DEFAULT_THROTTLE_RATES": {"bids": "2/minute", "pace": "100/minute"}
+    }
+    api = world.a.client()
+    for _ in range(2):
+        assert post(api, "/api/v1/bids", bid_body(world, quantity=1)).status_code == 201
+    limited = post(api, "/api/v1/bids", bid_body(world, quantity=1))
+    assert limited.status_code == 429
+    assert limited.json()["error"]["code"] == "throttled"
+    assert 0 < int(limited["Retry-After"]) <= 60
+    # Reads are not throttled, and the user's other token has its own allowance.
+    assert api.get("/api/v1/bids").status_code == 200
+    second = APIClient()
+    second.credentials(
+        HTTP_AUTHORIZATION=f"Bearer {token_create(user=world.a.user, name='second').secret}"
+    )
+    assert post(second, "/api/v1/bids", bid_body(world, quantity=1)).status_code == 201
+
+
+def test_rounds_tiers_balance_and_ledger(world):
+    api = world.a.client()
+    open_rounds = api.get("/api/v1/rounds/open").json()
+    assert [r["id"] for r in open_rounds] == [world.open_round.pk]
+    history = api.get("/api/v1/rounds?status=settled").json()["results"]
+    assert [r["id"] for r in history] == [world.past_round.pk]
+    assert history[0]["prices"][TIER] >= RESERVE
+
+    tiers = api.get("/api/v1/tiers").json()["results"]
+    assert [(t["slug"], t["reserve_price"]) for t in tiers] == [(TIER, RESERVE)]
+    assert api.get(f"/api/v1/tiers/{TIER}").json()["slug"] == TIER
+
+    balance = api.get("/api/v1/balance").json()
+    live = balance_get(tenant=world.a.tenant)
+    assert balance == {"available": live.available, "escrow": live.escrow, "total": live.total}
+
+    ledger = api.get("/api/v1/ledger").json()
+    assert ledger["count"] == Transfer.objects.filter(tenant=world.a.tenant).count()
+    grant = api.get("/api/v1/ledger?kind=grant").json()["results"]
+    assert [(g["amount"], g["available_change"], g["escrow_change"]) for g in grant] == [
+        (CREDITS, CREDITS, 0)
+    ]
+    charges = api.get("/api/v1/ledger?kind=charge").json()["results"]
+    assert charges and all(
+        c["escrow_change"] == -c["amount"] and c["available_change"] == 0 for c in charges
+    )
+
+    budgets = api.get("/api/v1/budgets").json()["results"]
+    assert budgets[0]["spent"] == sum(c["amount"] for c in charges)
+    assert api.get("/api/v1/notifications?unread=true").json()["count"] >= 1
+
+
+def test_audit_is_for_admins_only(world):
+    researcher = world.a.client().get("/api/v1/audit")
+    assert researcher.status_code == 403
+    admin = APIClient()
+    admin.credentials(HTTP_AUTHORIZATION=f"Bearer {world.admin_token}")
+    events = admin.get("/api/v1/audit?action=bid.place").json()
+    assert events["count"] == Bid.objects.count()
+    assert all(e["action"] == "bid.place" for e in events["results"])
+    verify = admin.get("/api/v1/audit/verify").json()
+    assert verify["ok"] is True
+    assert verify["checked"] == AuditEvent.objects.count()
+    # An admin who is in no tenant has no tenant data.
+    assert admin.get("/api/v1/bids").status_code == 403
+
+
+def test_unknown_api_paths_are_json_404s(world):
+    api = world.a.client()
+    response = api.get("/api/v1/bids/")
+    assert response.status_code == 404
+    assert "no trailing slash" in response.json()["error"]["message"]
+    assert api.get("/api/v2/anything").json()["error"]["code"] == "not_found"
+
+
+def test_schema_and_docs_are_served_without_external_scripts(client):
+    schema = client.get("/api/schema/?format=json")
+    assert schema.status_code == 200
+    paths = schema.json()["paths"]
+    assert "/api/v1/allocations/{id}/pace" in paths
+    assert set(paths["/api/v1/telemetry/ingest"]["post"]["responses"]) >= {
+        "200",
+        "400",
+        "401",
+        "413",
+    }
+    assert set(paths["/api/v1/bids"]["post"]["responses"]) == {
+        "201",
+        "400",
+        "401",
+        "403",
+        "404",
+        "409",
+        "415",
+        "429",
+    }
+    for page in ("/api/docs/", "/api/redoc/"):
+        html = client.get(page).content.decode()
+        assert "cdn" not in html.lower()
+        assert "/static/drf_spectacular_sidecar/" in html
+
+
+@override_settings(DEBUG=False)
+def test_errors_never_carry_html(world):
+    api = world.a.client()
+    response = api.get("/api/v1/allocations/abc")
+    assert response.status_code == 404
+    assert response["Content-Type"] == "application/json"
