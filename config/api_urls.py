@@ -22,7 +22,6 @@ from tenants.api.views import (
 )
 
 
-
 class ApiRouter(DefaultRouter):
     # One representation (JSON): no ".json" twins of every route.
     include_format_suffixes = False
