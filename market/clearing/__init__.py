@@ -1,7 +1,7 @@
 """Market clearing: instance in, result out. Pure Python + numpy + solvers; no Django.
 
-    from market.clearing import clear, Instance, Tier, Tenant, Bid
-    result = clear(instance, policy="welfare", params=None, divisible=False)
+from market.clearing import clear, Instance, Tier, Tenant, Bid
+result = clear(instance, policy="welfare", params=None, divisible=False)
 """
 
 from __future__ import annotations
@@ -60,10 +60,17 @@ def clear(
     spend = np.bincount(a.bid_tenant, weights=charge_bid, minlength=a.n_tenants)
     won = np.flatnonzero(x > EPS)
     number = float if divisible else int
+    gpus = x[won].astype(np.int64 if number is int else float).tolist()
     allocations = tuple(
-        Allocation(a.bid_ids[b], a.tier_names[t], number(g))
-        for b, t, g in zip(a.arc_bid[won].tolist(), a.arc_tier[won].tolist(), x[won].tolist(),
-                           strict=True)
+        map(
+            Allocation._make,
+            zip(
+                [a.bid_ids[b] for b in a.arc_bid[won].tolist()],
+                [a.tier_names[t] for t in a.arc_tier[won].tolist()],
+                gpus,
+                strict=True,
+            ),
+        )
     )
     winners = np.unique(a.arc_bid[won])
     charges = dict(zip([a.bid_ids[b] for b in winners], charge_bid[winners].tolist(), strict=True))
@@ -83,7 +90,12 @@ def clear(
         "utilisation": dict(zip(a.tier_names, utilisation.tolist(), strict=True)),
         "jain": jain(ratios),
         "min_share_ratio": float(ratios.min()) if ratios.size else None,
-        "envy_violations": envy_count(outcome.values, bundles, outcome.entitlement),
+        "envy_violations": envy_count(
+            outcome.values,
+            bundles,
+            outcome.entitlement,
+            np.bincount(a.bid_tenant, weights=a.quantity, minlength=a.n_tenants),
+        ),
         "rounding_loss": float(outcome.rounding_loss),
         "spend": dict(zip(a.tenant_names, spend.tolist(), strict=True)),
     }

@@ -35,8 +35,14 @@ def _incidence(rows: np.ndarray, n_rows: int, weights: np.ndarray | None = None)
 
 
 def _solve_eg(
-    om: OpenMarket, cols: np.ndarray, *, tenant: np.ndarray, v: np.ndarray, budget: np.ndarray,
-    u0: np.ndarray, gang_min: np.ndarray,
+    om: OpenMarket,
+    cols: np.ndarray,
+    *,
+    tenant: np.ndarray,
+    v: np.ndarray,
+    budget: np.ndarray,
+    u0: np.ndarray,
+    gang_min: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Arc GPUs (E,), tier duals (T,) per unit of normalised budget, solver seconds."""
     T = om.tier_room.size

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 
 import numpy as np
 
@@ -80,8 +79,8 @@ class Bid:
             raise ClearingError(f"{where}.min_quantity: {m:g} is more than quantity {q:g}")
         for tier, price in self.limits.items():
             _finite_nonneg(price, f"{where}.limits.{tier}: price")
-        # A read-only view keeps the frozen promise for the mapping too.
-        object.__setattr__(self, "limits", MappingProxyType(dict(self.limits)))
+        # A private copy: later edits to the caller's dict cannot change a frozen bid.
+        object.__setattr__(self, "limits", dict(self.limits))
 
 
 @dataclass(frozen=True)

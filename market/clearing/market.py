@@ -66,9 +66,7 @@ def build_market(arrays: Arrays, *, divisible: bool) -> Market:
     np.maximum.at(value_g, arc_group, a.arc_price)
     demand_all = np.bincount(arc_group, weights=a.quantity[a.arc_bid], minlength=G)
     divisible_arc = ~is_gang[a.arc_bid]
-    demand_div = np.bincount(
-        arc_group, weights=a.quantity[a.arc_bid] * divisible_arc, minlength=G
-    )
+    demand_div = np.bincount(arc_group, weights=a.quantity[a.arc_bid] * divisible_arc, minlength=G)
 
     capacity_g = a.capacity[group_tier]
     group_cap = _whole(a.cap_share[group_tier] * capacity_g, divisible)
@@ -140,9 +138,11 @@ class Outcome:
 
 def open_market(market: Market, *, bids: np.ndarray | None = None) -> OpenMarket:
     """The arcs of the given bids (all by default) over the room left after floors."""
-    keep = np.ones(market.arrays.arc_bid.size, dtype=bool) if bids is None else bids[
-        market.arrays.arc_bid
-    ]
+    keep = (
+        np.ones(market.arrays.arc_bid.size, dtype=bool)
+        if bids is None
+        else bids[market.arrays.arc_bid]
+    )
     return OpenMarket(
         arc_bid=market.arrays.arc_bid[keep],
         arc_tier=market.arrays.arc_tier[keep],

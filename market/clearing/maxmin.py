@@ -29,8 +29,16 @@ from .rounding import round_whole
 
 
 def _stages(
-    om: OpenMarket, cols: np.ndarray, *, gangs: np.ndarray, min_q: np.ndarray, tenant: np.ndarray,
-    norm_v: np.ndarray, floor_ratio: np.ndarray, counted: np.ndarray, whole: bool,
+    om: OpenMarket,
+    cols: np.ndarray,
+    *,
+    gangs: np.ndarray,
+    min_q: np.ndarray,
+    tenant: np.ndarray,
+    norm_v: np.ndarray,
+    floor_ratio: np.ndarray,
+    counted: np.ndarray,
+    whole: bool,
     time_limit: float,
 ) -> tuple[np.ndarray, float, str, float]:
     """Arc GPUs (E,), tau*, status, solver seconds."""
@@ -52,20 +60,34 @@ def _stages(
     tau = K + n_z
     in_t = t_row_of[ten] >= 0
     rows = [
-        om.arc_tier[cols], r_group + g_row, r_bid + b_row,
+        om.arc_tier[cols],
+        r_group + g_row,
+        r_bid + b_row,
         r_gmin + np.searchsorted(gang_bids, b_row[gangs[om.arc_bid[cols]]]),
         r_ten + t_row_of[ten[in_t]],
-        r_bid + gang_bids, r_gmin + np.arange(n_z), r_ten + np.arange(counted_idx.size),
+        r_bid + gang_bids,
+        r_gmin + np.arange(n_z),
+        r_ten + np.arange(counted_idx.size),
     ]
     cidx = [
-        np.arange(K), np.flatnonzero(c >= 0), np.arange(K), np.flatnonzero(gangs[om.arc_bid[cols]]),
-        np.flatnonzero(in_t), K + np.arange(n_z), K + np.arange(n_z),
+        np.arange(K),
+        np.flatnonzero(c >= 0),
+        np.arange(K),
+        np.flatnonzero(gangs[om.arc_bid[cols]]),
+        np.flatnonzero(in_t),
+        K + np.arange(n_z),
+        K + np.arange(n_z),
         np.full(counted_idx.size, tau),
     ]
     vals = [
-        np.ones(K), np.ones(int((c >= 0).sum())), np.ones(K),
-        np.ones(cidx[3].size), norm_v[cols][in_t],
-        -om.bid_room[bids[gang_bids]], -min_q[bids[gang_bids]], -np.ones(counted_idx.size),
+        np.ones(K),
+        np.ones(int((c >= 0).sum())),
+        np.ones(K),
+        np.ones(cidx[3].size),
+        norm_v[cols][in_t],
+        -om.bid_room[bids[gang_bids]],
+        -min_q[bids[gang_bids]],
+        -np.ones(counted_idx.size),
     ]
     A = sp.csc_matrix(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cidx))),
@@ -73,9 +95,7 @@ def _stages(
     )
     bid_hi = om.bid_room[bids].copy()
     bid_hi[gang_bids] = 0.0
-    row_lo = np.concatenate(
-        [np.full(r_gmin, -np.inf), np.zeros(n_z), -floor_ratio[counted_idx]]
-    )
+    row_lo = np.concatenate([np.full(r_gmin, -np.inf), np.zeros(n_z), -floor_ratio[counted_idx]])
     row_hi = np.concatenate(
         [om.tier_room, om.group_room[groups], bid_hi, np.full(n_z + counted_idx.size, np.inf)]
     )
@@ -86,9 +106,17 @@ def _stages(
     if counted_idx.size:
         cost = np.zeros(K + n_z + 1)
         cost[tau] = 1.0
-        sol = highs.solve(cost=cost, matrix=A, row_lo=row_lo, row_hi=row_hi, col_lo=col_lo,
-                          col_hi=col_hi, integer=integer, time_limit=time_limit,
-                          what="maxmin problem (stage 1)")
+        sol = highs.solve(
+            cost=cost,
+            matrix=A,
+            row_lo=row_lo,
+            row_hi=row_hi,
+            col_lo=col_lo,
+            col_hi=col_hi,
+            integer=integer,
+            time_limit=time_limit,
+            what="maxmin problem (stage 1)",
+        )
         seconds += sol.seconds
         if sol.status == "no_solution":
             return np.zeros(om.arc_bid.size), 0.0, "fallback", seconds
@@ -96,9 +124,17 @@ def _stages(
         tau_star = float(sol.x[tau])
         col_lo[tau] = max(0.0, tau_star - 1e-7 * max(1.0, tau_star))
     cost = np.concatenate([np.ones(K), np.zeros(n_z + 1)])
-    sol = highs.solve(cost=cost, matrix=A, row_lo=row_lo, row_hi=row_hi, col_lo=col_lo,
-                      col_hi=col_hi, integer=integer, time_limit=time_limit,
-                      what="maxmin problem (stage 2)")
+    sol = highs.solve(
+        cost=cost,
+        matrix=A,
+        row_lo=row_lo,
+        row_hi=row_hi,
+        col_lo=col_lo,
+        col_hi=col_hi,
+        integer=integer,
+        time_limit=time_limit,
+        what="maxmin problem (stage 2)",
+    )
     seconds += sol.seconds
     if sol.status == "no_solution":
         return np.zeros(om.arc_bid.size), 0.0, "fallback", seconds
@@ -123,8 +159,12 @@ def maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:
     om = open_market(market)
     cols = np.flatnonzero(om.bid_room[om.arc_bid] > EPS)
     common = dict(
-        tenant=a.bid_tenant, norm_v=v / denom[a.arc_tenant], floor_ratio=u0 / denom,
-        counted=counted, whole=not market.divisible, time_limit=float(params["time_limit"]),
+        tenant=a.bid_tenant,
+        norm_v=v / denom[a.arc_tenant],
+        floor_ratio=u0 / denom,
+        counted=counted,
+        whole=not market.divisible,
+        time_limit=float(params["time_limit"]),
         min_q=a.min_quantity,
     )
     x, tau, status, seconds = _stages(om, cols, gangs=market.is_gang, **common)
@@ -139,8 +179,9 @@ def maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:
         priority = np.where(counted, -ratio, -np.inf)[a.arc_tenant]
         got = np.bincount(a.arc_bid, weights=x, minlength=B)
         gang_min = np.where(market.is_gang & (got > EPS), a.min_quantity, 0.0)
-        whole = round_whole(om, x=x, priority=np.nan_to_num(priority, neginf=-1e300),
-                            gang_min=gang_min)
+        whole = round_whole(
+            om, x=x, priority=np.nan_to_num(priority, neginf=-1e300), gang_min=gang_min
+        )
         rounded = (u0 + np.bincount(a.arc_tenant, weights=v * whole, minlength=N)) / denom
         frac_min = ratio[counted].min(initial=0.0)
         loss = float(frac_min - rounded[counted].min(initial=0.0))

@@ -56,9 +56,7 @@ def minimal_prices(m: OpenMarket, x: np.ndarray) -> np.ndarray:
         _max_at(new_tier, group_tier[g_open], new_group[g_open])
         new_bid = bid_base.copy()
         _max_at(new_bid, m.arc_bid[down_t], new_tier[m.arc_tier[down_t]] - m.arc_price[down_t])
-        _max_at(
-            new_bid, m.arc_bid[down_g], new_group[m.arc_capped[down_g]] - m.arc_price[down_g]
-        )
+        _max_at(new_bid, m.arc_bid[down_g], new_group[m.arc_capped[down_g]] - m.arc_price[down_g])
         with np.errstate(invalid="ignore"):  # -inf - -inf: both unreachable, unchanged
             settled = all(
                 np.all((new == old) | (np.abs(new - old) <= tol))

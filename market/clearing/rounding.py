@@ -25,18 +25,14 @@ def round_whole(
     bid_left = m.bid_room - np.bincount(m.arc_bid, weights=xi, minlength=B)
     tier_left = m.tier_room - np.bincount(m.arc_tier, weights=xi, minlength=T)
     capped = m.arc_capped >= 0
-    group_left = m.group_room - np.bincount(
-        m.arc_capped[capped], weights=xi[capped], minlength=G
-    )
+    group_left = m.group_room - np.bincount(m.arc_capped[capped], weights=xi[capped], minlength=G)
     short = gang_min > np.bincount(m.arc_bid, weights=xi, minlength=B) + EPS
     for t in range(T):
         idx = np.flatnonzero((m.arc_tier == t) & (frac > EPS))
         idx = idx[bid_left[m.arc_bid[idx]] >= 1.0 - EPS]
         if idx.size == 0 or tier_left[t] < 1.0 - EPS:
             continue
-        idx = idx[
-            np.lexsort((m.arc_bid[idx], -priority[idx], -frac[idx], ~short[m.arc_bid[idx]]))
-        ]
+        idx = idx[np.lexsort((m.arc_bid[idx], -priority[idx], -frac[idx], ~short[m.arc_bid[idx]]))]
         g = m.arc_capped[idx]
         ok = np.ones(idx.size, dtype=bool)
         has = g >= 0

@@ -26,6 +26,7 @@ from . import highs
 from .market import EPS, OpenMarket, segment_starts
 
 MAX_ROUNDS = 40
+PRUNE_ROUNDS = 6  # rounds that may also drop columns; later rounds only add
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,9 @@ def _master(m: OpenMarket, arcs: np.ndarray) -> tuple[highs.LpSolution, dict]:
     s_arcs, i_arcs = arcs[single], arcs[~single]
 
     s_arcs = s_arcs[
-        np.lexsort((m.arc_bid[s_arcs], m.arc_price[s_arcs], m.arc_capped[s_arcs], m.arc_tier[s_arcs]))
+        np.lexsort(
+            (m.arc_bid[s_arcs], m.arc_price[s_arcs], m.arc_capped[s_arcs], m.arc_tier[s_arcs])
+        )
     ]
     change = np.ones(s_arcs.size, dtype=bool)
     if s_arcs.size:
@@ -87,8 +90,13 @@ def _master(m: OpenMarket, arcs: np.ndarray) -> tuple[highs.LpSolution, dict]:
         what="welfare problem",
     )
     layout = dict(
-        s_arcs=s_arcs, s_col=s_col, i_arcs=i_arcs, n_agg=n_agg, multi_bids=multi_bids,
-        groups=capped_groups[has_group], n_groups=n_groups,
+        s_arcs=s_arcs,
+        s_col=s_col,
+        i_arcs=i_arcs,
+        n_agg=n_agg,
+        multi_bids=multi_bids,
+        groups=capped_groups[has_group],
+        n_groups=n_groups,
     )
     return sol, layout
 
@@ -106,8 +114,9 @@ def solve_welfare(m: OpenMarket) -> WelfareSolution:
     first_best = np.ones(idx.size, dtype=bool)
     is_best = m.arc_price[idx] >= np.repeat(best, np.diff(np.append(starts, idx.size)))
     # Among equal best limits keep the first tier (arcs are sorted by tier within a bid).
-    rank = np.cumsum(is_best) - np.repeat(np.cumsum(is_best)[starts] - is_best[starts],
-                                          np.diff(np.append(starts, idx.size)))
+    rank = np.cumsum(is_best) - np.repeat(
+        np.cumsum(is_best)[starts] - is_best[starts], np.diff(np.append(starts, idx.size))
+    )
     first_best = is_best & (rank == 1)
     in_master = np.zeros(E, dtype=bool)
     in_master[idx[first_best]] = True
@@ -129,15 +138,24 @@ def solve_welfare(m: OpenMarket) -> WelfareSolution:
         s = lay["s_arcs"]
         u[m.arc_bid[s]] = np.maximum(m.arc_price[s] - pi[m.arc_tier[s]] - gam[s], 0.0)
         reduced = m.arc_price - pi[m.arc_tier] - gam - u[m.arc_bid]
-        enter = live & ~in_master & (reduced > 1e-7 * (1.0 + np.abs(m.arc_price)))
+        tol = 1e-7 * (1.0 + np.abs(m.arc_price))
+        enter = live & ~in_master & (reduced > tol)
+        x = _arc_flow(m, sol.x, lay)
         if not enter.any():
-            break
+            return WelfareSolution(x, seconds, rounds)
         if rounds >= MAX_ROUNDS:
             in_master = live.copy()  # last resort: the full LP, still exact
+        elif rounds <= PRUNE_ROUNDS:
+            # Early duals are rough: keep only arcs that carry flow (so the objective cannot
+            # fall) or that are tied or better at the new prices, which keeps the master small.
+            in_master = live & ((x > EPS) | (reduced > -tol))
         else:
             in_master |= enter
 
-    flow = sol.x
+
+def _arc_flow(m: OpenMarket, flow: np.ndarray, lay: dict) -> np.ndarray:
+    """GPUs per arc (E,) from the master's columns; merged columns fill bids in id order."""
+    x = np.zeros(m.arc_bid.size)
     x[lay["i_arcs"]] = flow[lay["n_agg"] :]
     s, col = lay["s_arcs"], lay["s_col"]
     if s.size:
@@ -146,4 +164,4 @@ def solve_welfare(m: OpenMarket) -> WelfareSolution:
         starts = segment_starts(col)
         before -= np.repeat(before[starts], np.diff(np.append(starts, s.size)))
         x[s] = np.clip(flow[col] - before, 0.0, room)
-    return WelfareSolution(x, seconds, rounds)
+    return x

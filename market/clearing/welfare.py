@@ -93,7 +93,8 @@ def _without(om: OpenMarket, fixed: np.ndarray, market: Market) -> OpenMarket:
         bid_room=np.where(divisible, om.bid_room, 0.0),
         group_room=om.group_room
         - np.bincount(om.arc_capped[c], weights=fixed[c], minlength=om.group_room.size),
-        tier_room=om.tier_room - np.bincount(om.arc_tier, weights=fixed, minlength=om.tier_room.size),
+        tier_room=om.tier_room
+        - np.bincount(om.arc_tier, weights=fixed, minlength=om.tier_room.size),
     )
 
 

@@ -1,0 +1,185 @@
+"""Clearing benchmark (not a test): build / solve / rounding / total seconds per policy and
+size, and the bare solver call on the same problem.
+
+    /work/venv/bin/python bench/clearing.py                       # every size and policy
+    /work/venv/bin/python bench/clearing.py --sizes 100,1000,5 --policies welfare
+
+Values are heterogeneous: a bid is a job type from the Gavel data
+(shared/data/gavel/simulation_throughputs.json) and values a tier by its measured
+throughput on the tier's GPU type, so tiers rank differently for different bids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import cvxpy as cp
+import numpy as np
+import scipy.sparse as sp
+
+from market.clearing import Bid, Instance, Tenant, Tier, clear
+from market.clearing import highs
+from market.clearing.inputs import instance_arrays
+from market.clearing.market import build_market, open_market
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gavel"
+GPU_TYPES = ("k80", "p100", "v100")
+SIZES = ((100, 1_000, 5), (1_000, 10_000, 5), (10_000, 100_000, 8))
+
+
+def throughputs() -> np.ndarray:
+    """(jobs, 3) steps/s of each single-GPU job type alone on k80, p100, v100."""
+    raw = json.loads((DATA / "simulation_throughputs.json").read_text())
+    jobs = sorted(k for k in raw["k80"] if k.endswith(", 1)") and k in raw["v100"])
+    rows = [[raw[g][j]["null"] for g in GPU_TYPES] for j in jobs]
+    table = np.array(rows)
+    return table[(table > 0).all(axis=1)]
+
+
+def instance(
+    tenants: int, bids: int, tiers: int, *, seed: int = 0, gang_share: float = 0.0
+) -> Instance:
+    rng = np.random.default_rng(seed)
+    speed = throughputs()
+    speed = speed / speed[:, :1]  # relative to k80
+    gpu = np.arange(tiers) % 3
+    premium = 1.0 + 0.15 * (np.arange(tiers) // 3)  # e.g. a second v100 pool with NVLink
+    quantity = rng.choice([1, 2, 4, 8], size=bids, p=[0.55, 0.2, 0.15, 0.1])
+    demand = quantity.sum()
+    tier_list = tuple(
+        Tier(
+            name=f"t{t}-{GPU_TYPES[gpu[t]]}",
+            capacity=int(0.6 * demand / tiers),
+            reserve_price=1,
+            max_share=0.5 if t == tiers - 1 else 1.0,
+        )
+        for t in range(tiers)
+    )
+    job = rng.integers(0, speed.shape[0], size=bids)
+    level = rng.lognormal(mean=2.0, sigma=0.5, size=bids)  # credits per GPU-hour on a k80
+    owner = rng.integers(0, tenants, size=bids)
+    bid_list = []
+    for b in range(bids):
+        accept = rng.choice(tiers, size=rng.integers(1, 4), replace=False)
+        limits = {
+            tier_list[t].name: max(1, round(float(level[b] * speed[job[b], gpu[t]] * premium[t])))
+            for t in sorted(accept)
+        }
+        gang = rng.random() < gang_share
+        bid_list.append(
+            Bid(
+                id=f"b{b:06d}",
+                tenant=f"n{owner[b]:05d}",
+                quantity=int(quantity[b]),
+                limits=limits,
+                min_quantity=int(quantity[b]) if gang else 0,
+            )
+        )
+    tenant_list = tuple(Tenant(name=f"n{i:05d}") for i in range(tenants))
+    return Instance(tiers=tier_list, tenants=tenant_list, bids=tuple(bid_list))
+
+
+def bare_welfare(inst: Instance, limit: float) -> float:
+    """One direct HiGHS LP of the same welfare problem (floors fixed, as the policy does)."""
+    market = build_market(instance_arrays(inst), divisible=False)
+    om = open_market(market)
+    E, B, T = om.arc_bid.size, om.bid_room.size, om.tier_room.size
+    capped = om.arc_capped >= 0
+    G = om.group_room.size
+    rows = np.concatenate([om.arc_bid, B + om.arc_tier, B + T + om.arc_capped[capped]])
+    cols = np.concatenate([np.arange(E), np.arange(E), np.flatnonzero(capped)])
+    A = sp.csc_matrix((np.ones(rows.size), (rows, cols)), shape=(B + T + G, E))
+    sol = highs.solve(
+        cost=om.arc_price,
+        matrix=A,
+        row_lo=np.full(B + T + G, -np.inf),
+        row_hi=np.concatenate([om.bid_room, om.tier_room, om.group_room]),
+        col_lo=np.zeros(E),
+        col_hi=np.full(E, np.inf),
+        time_limit=limit,
+    )
+    return sol.seconds
+
+
+def bare_conic(inst: Instance, policy: str) -> float:
+    """The continuous problem of the policy as one cvxpy + solver call (no floors, rounding,
+    prices or metrics): Clarabel for fisher, HiGHS for maxmin."""
+    a = instance_arrays(inst)
+    market = build_market(a, divisible=False)
+    om = open_market(market)
+    E, B, T, N = om.arc_bid.size, om.bid_room.size, om.tier_room.size, a.n_tenants
+    x = cp.Variable(E, nonneg=True)
+    Ab = sp.csr_matrix((np.ones(E), (om.arc_bid, np.arange(E))), shape=(B, E))
+    At = sp.csr_matrix((np.ones(E), (om.arc_tier, np.arange(E))), shape=(T, E))
+    v = market.value / market.value.max()
+    U = sp.csr_matrix((v, (a.arc_tenant, np.arange(E))), shape=(N, E))
+    has = np.bincount(a.arc_tenant, minlength=N) > 0
+    base = [Ab @ x <= om.bid_room, At @ x <= om.tier_room]
+    if policy == "fisher":
+        prob = cp.Problem(cp.Maximize(cp.sum(cp.log(U[has] @ x))), base)
+        solver = cp.CLARABEL
+    else:
+        tau = cp.Variable()
+        prob = cp.Problem(cp.Maximize(tau), [*base, U[has] @ x >= tau])
+        solver = cp.HIGHS
+    start = time.perf_counter()
+    prob.solve(solver=solver)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--sizes", nargs="*", help="tenants,bids,tiers triples (default: all three)"
+    )
+    parser.add_argument("--policies", default="welfare,fisher,maxmin")
+    parser.add_argument("--bare-limit", type=float, default=60.0, help="time limit of a bare LP, s")
+    parser.add_argument(
+        "--max-fair-bids", type=int, default=10_000, help="skip fisher/maxmin above this many bids"
+    )
+    parser.add_argument("--gang-share", type=float, default=0.0, help="fraction of gang bids")
+    args = parser.parse_args()
+    sizes = [tuple(int(v) for v in s.split(",")) for s in args.sizes] if args.sizes else SIZES
+    cpu = next(
+        (
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    import os
+
+    print(f"# {time.strftime('%Y-%m-%d %H:%M %Z')}  nproc={os.cpu_count()}  cpu={cpu}")
+    print(
+        f"{'policy':8} {'tenants':>7} {'bids':>7} {'tiers':>5} {'build':>7} {'solve':>7} "
+        f"{'round':>7} {'total':>7} {'bare':>8} {'ratio':>6}  status"
+    )
+    for tenants, bids, tiers in sizes:
+        inst = instance(tenants, bids, tiers, gang_share=args.gang_share)
+        for policy in args.policies.split(","):
+            if policy != "welfare" and bids > args.max_fair_bids:
+                print(f"{policy:8} {tenants:7} {bids:7} {tiers:5}  skipped (> --max-fair-bids)")
+                continue
+            r = clear(inst, policy=policy)
+            d = r.diagnostics
+            if policy == "welfare":
+                bare = bare_welfare(inst, args.bare_limit)
+            else:
+                bare = bare_conic(inst, policy)
+            bare_text = f"{bare:8.3f}" if bare < args.bare_limit else f">{args.bare_limit:7.0f}"
+            print(
+                f"{policy:8} {tenants:7} {bids:7} {tiers:5} {d['build_seconds']:7.3f} "
+                f"{d['solve_seconds']:7.3f} {d['rounding_seconds']:7.3f} "
+                f"{d['total_seconds']:7.3f} {bare_text} {d['total_seconds'] / bare:6.2f}  "
+                f"{d['status']}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

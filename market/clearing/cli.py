@@ -1,0 +1,49 @@
+"""``gpumarket clear INSTANCE.json [--policy NAME] [--divisible]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from . import clear
+from .errors import ClearingError, SolverError
+from .io import instance_from_json
+from .policies import POLICIES
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Clear the instance file and print the result JSON. Exit codes: 0 done, 2 bad input
+    (message on stderr), 1 the solver could not give a proven result."""
+    parser = argparse.ArgumentParser(prog="gpumarket clear", description=__doc__)
+    parser.add_argument("instance", help="path to the instance JSON")
+    parser.add_argument("--policy", choices=sorted(POLICIES), help="overrides policy.name")
+    parser.add_argument("--divisible", action="store_true", help="fractional GPU-hours")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has already printed the usage message
+        return int(exc.code or 0)
+    try:
+        with open(args.instance, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as exc:
+        print(f"gpumarket clear: cannot read {args.instance}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except json.JSONDecodeError as exc:
+        print(f"gpumarket clear: {args.instance} is not valid JSON: {exc}", file=sys.stderr)
+        return 2
+    try:
+        instance, policy, params = instance_from_json(data)
+        if args.policy and args.policy != policy:
+            params = None  # the file's params belong to the file's policy
+            policy = args.policy
+        result = clear(instance, policy=policy, params=params, divisible=args.divisible)
+    except SolverError as exc:
+        print(f"gpumarket clear: {exc}", file=sys.stderr)
+        return 1
+    except ClearingError as exc:
+        print(f"gpumarket clear: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result.to_json(), indent=2))
+    return 0
