@@ -71,7 +71,7 @@ def round_void(
             "can be voided (a round that has not settled can be failed instead, which releases escrow)"
         )
     bids = list(
-        Bid.objects.select_for_update()
+        Bid.objects.select_for_update(of=("self",))
         .filter(round=rnd, status=Bid.Status.WON)
         .select_related("tenant", "campaign")
         .order_by("pk")

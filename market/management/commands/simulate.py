@@ -106,7 +106,7 @@ class Command(BaseCommand):
             help="instead of a trace, clear the platform's last N settled rounds again",
         )
         parser.add_argument(
-            "--version",
+            "--policy-version",
             type=int,
             default=None,
             help="with --from-rounds: replay under this stored policy version number",
@@ -179,10 +179,10 @@ class Command(BaseCommand):
         last = options["from_rounds"]
         if last < 1:
             raise CommandError(f"--from-rounds must be at least 1, got {last}")
-        if options["version"] is not None:
-            version = PolicyVersion.objects.filter(number=options["version"]).first()
+        if options["policy_version"] is not None:
+            version = PolicyVersion.objects.filter(number=options["policy_version"]).first()
             if version is None:
-                raise CommandError(f"there is no policy version v{options['version']}")
+                raise CommandError(f"there is no policy version v{options['policy_version']}")
             candidates = [version]
         else:
             names = [
