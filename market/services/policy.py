@@ -54,7 +54,9 @@ def _per_tier(value: Any, *, field: str, minimum: int, maximum: int) -> dict[str
     }
 
 
-def _validated(changes: dict[str, Any]) -> dict[str, Any]:
+def policy_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
+    """The cleaned changes for a new version; MarketError names the first bad one (forms call
+    this in ``clean`` so an admin sees the message next to the form)."""
     unknown = sorted(set(changes) - set(POLICY_FIELDS))
     if unknown:
         raise MarketError(
@@ -143,7 +145,7 @@ def policy_version_create(
 
     Existing versions are never edited; the new one records ``based_on`` as its parent.
     """
-    clean = _validated(changes)
+    clean = policy_changes_validate(changes)
     fields: dict[str, Any] = {}
     if based_on is not None:
         fields = {name: getattr(based_on, name) for name in POLICY_FIELDS}

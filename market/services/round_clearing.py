@@ -164,6 +164,98 @@ def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
     return _outcome(result=result, data=data, reserves=reserves, mechanism=policy.mechanism)
 
 
+def _bid_name(pk: int) -> str:
+    # Zero-padded so the solver's order by id (its deterministic tie-break) is placement order.
+    return f"{pk:012d}"
+
+
+def _tenant_name(pk: int) -> str:
+    return f"tenant-{pk}"
+
+
+def _instance(*, data: RoundData, policy: PolicyVersion, reserves: np.ndarray) -> clearing.Instance:
+    """The solver's instance, in milli-credits (the solver is unit-free; its prices come back
+    in the same unit). A tenant's budget is the escrow its bids hold, per window hour."""
+    hours = data.seconds / 3600
+    tenant_ids, tenant_of_bid = np.unique(data.tenant_ids, return_inverse=True)
+    budgets = (
+        np.bincount(tenant_of_bid, weights=data.escrow.astype(float), minlength=tenant_ids.size)
+        / hours
+    )
+    tiers = tuple(
+        clearing.Tier(
+            name=slug,
+            capacity=int(data.capacity[i]),
+            reserve_price=int(reserves[i]),
+            max_share=policy.max_share_for(slug) / 100,
+        )
+        for i, slug in enumerate(data.tier_slugs)
+    )
+    tenants = tuple(
+        clearing.Tenant(
+            name=_tenant_name(int(pk)),
+            weight=float(data.tenant_weights.get(int(pk), 1)),
+            budget=float(budget),
+        )
+        for pk, budget in zip(tenant_ids, budgets, strict=True)
+    )
+    # The instance API takes one small record per bid; everything up to here was arrays.
+    slugs = np.array(data.tier_slugs, dtype=object)
+    bids = tuple(
+        clearing.Bid(
+            id=_bid_name(int(pk)),
+            tenant=_tenant_name(int(tenant)),
+            quantity=int(quantity),
+            min_quantity=int(minimum),
+            limits=dict(zip(slugs[row > 0], row[row > 0].tolist(), strict=True)),
+        )
+        for pk, tenant, quantity, minimum, row in zip(
+            data.bid_ids,
+            data.tenant_ids,
+            data.quantity,
+            data.min_quantity,
+            data.limits,
+            strict=True,
+        )
+    )
+    return clearing.Instance(tiers=tiers, tenants=tenants, bids=bids)
+
+
+def _outcome(
+    *, result: clearing.Result, data: RoundData, reserves: np.ndarray, mechanism: str
+) -> Outcome:
+    """The solver's result in platform units, checked: whole GPUs, only on tiers a bid
+    accepted, never above a tier's capacity. A violation is a solver fault and fails the round
+    rather than being settled."""
+    gpus = np.zeros(data.limits.shape, dtype=np.int64)
+    if result.allocations:
+        bid_pks = np.fromiter((int(a.bid) for a in result.allocations), dtype=np.int64)
+        column = {slug: j for j, slug in enumerate(data.tier_slugs)}
+        cols = np.fromiter((column[a.tier] for a in result.allocations), dtype=np.int64)
+        amounts = np.fromiter((a.gpus for a in result.allocations), dtype=float)
+        whole_gpus = np.rint(amounts)
+        if np.any(np.abs(amounts - whole_gpus) > 1e-6) or np.any(whole_gpus < 0):
+            raise clearing.ClearingError(
+                "the solver returned a fractional or negative number of GPUs"
+            )
+        np.add.at(gpus, (np.searchsorted(data.bid_ids, bid_pks), cols), whole_gpus.astype(np.int64))
+    if np.any((gpus > 0) & (data.limits == 0)):
+        raise clearing.ClearingError("the solver awarded a tier a bid did not accept")
+    if np.any(gpus.sum(axis=0) > data.capacity) or np.any(gpus.sum(axis=1) > data.quantity):
+        raise clearing.ClearingError(
+            "the solver awarded more GPUs than a tier has or a bid asked for"
+        )
+    prices = {
+        slug: tier_price(float(result.prices.get(slug, reserves[j])), reserve=int(reserves[j]))
+        for j, slug in enumerate(data.tier_slugs)
+    }
+    return Outcome(
+        gpus=gpus,
+        prices=prices,
+        diagnostics=_jsonable(dict(result.diagnostics)) | {"mechanism": mechanism},
+    )
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
@@ -179,6 +271,10 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | str):
         return value
     return str(value)
+
+
+def _first(mapping: dict[str, Any], *keys: str) -> Any:
+    return next((mapping[k] for k in keys if k in mapping), None)
 
 
 def _summary(outcome: Outcome, data: RoundData, policy: PolicyVersion) -> dict[str, Any]:
@@ -201,8 +297,8 @@ def _summary(outcome: Outcome, data: RoundData, policy: PolicyVersion) -> dict[s
         "gpus_by_tenant": per_tenant,
         "winners": int(np.count_nonzero(outcome.gpus.sum(axis=1))) if outcome.gpus.size else 0,
         "revenue": outcome.revenue(data),
-        "utilisation": outcome.diagnostics.get("utilisation"),
-        "fairness": outcome.diagnostics.get("jain_index"),
+        "utilisation": _first(outcome.diagnostics, "utilisation", "utilization"),
+        "fairness": _first(outcome.diagnostics, "jain_index", "jain"),
         "awards": outcome.awards(data),
         "diagnostics": outcome.diagnostics,
     }
@@ -220,7 +316,7 @@ def round_clear(*, round_id: int, now: datetime | None = None) -> Round:
     """
     now = now_or(now)
     rnd = (
-        Round.objects.select_for_update().select_related("policy", "shadow_policy").get(pk=round_id)
+        Round.objects.select_for_update(of=("self",)).select_related("policy", "shadow_policy").get(pk=round_id)
     )
     if rnd.status == Round.Status.OPEN:
         if rnd.closes_at > now:

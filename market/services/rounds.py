@@ -72,7 +72,7 @@ def round_open_next(*, now: datetime | None = None) -> Round:
     policy = policy_active()
     # Openers serialise on the active policy's row; the partial unique index on open rounds
     # backs that up at the database.
-    PolicyVersion.objects.select_for_update().filter(pk=policy.pk).exists()
+    PolicyVersion.objects.select_for_update().get(pk=policy.pk)
     current = Round.objects.select_for_update().filter(status=Round.Status.OPEN).first()
     if current is not None:
         if current.closes_at > now:

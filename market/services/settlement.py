@@ -21,7 +21,7 @@ SYSTEM = "system"
 
 
 def _round_locked(round_id: int) -> Round:
-    return Round.objects.select_for_update().select_related("policy").get(pk=round_id)
+    return Round.objects.select_for_update(of=("self",)).select_related("policy").get(pk=round_id)
 
 
 def _open_bids_locked(rnd: Round) -> list[Bid]:

@@ -16,7 +16,8 @@ from market.services._common import MAX_GPUS, whole
 TIER_FIELDS = ("name", "gpu_model", "capacity", "maintenance_gpus", "preemptible", "active")
 
 
-def _clean(changes: dict[str, Any]) -> dict[str, Any]:
+def tier_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
+    """The cleaned tier fields; MarketError names the first bad one."""
     unknown = sorted(set(changes) - set(TIER_FIELDS))
     if unknown:
         raise MarketError(
@@ -37,6 +38,17 @@ def _clean(changes: dict[str, Any]) -> dict[str, Any]:
     return clean
 
 
+def tier_slug_validate(slug: str) -> str:
+    clean_slug = slugify(slug or "")
+    if not clean_slug or clean_slug != slug:
+        raise MarketError(
+            f"tier slug {slug!r} must be lower-case letters, digits and hyphens (e.g. {clean_slug or 'a100'!r})"
+        )
+    if Tier.objects.filter(slug=slug).exists():
+        raise MarketError(f"a tier {slug!r} already exists")
+    return slug
+
+
 def _snapshot(tier: Tier) -> dict[str, Any]:
     return {name: getattr(tier, name) for name in TIER_FIELDS} | {"slug": tier.slug}
 
@@ -52,14 +64,8 @@ def tier_create(
     gpu_model: str = "",
     preemptible: bool = False,
 ) -> Tier:
-    clean_slug = slugify(slug or "")
-    if not clean_slug or clean_slug != slug:
-        raise MarketError(
-            f"tier slug {slug!r} must be lower-case letters, digits and hyphens (e.g. {clean_slug or 'a100'!r})"
-        )
-    if Tier.objects.filter(slug=slug).exists():
-        raise MarketError(f"a tier {slug!r} already exists")
-    fields = _clean(
+    tier_slug_validate(slug)
+    fields = tier_changes_validate(
         {
             "name": name or slug,
             "gpu_model": gpu_model,
@@ -79,7 +85,7 @@ def tier_update(*, tier: Tier, actor: AbstractBaseUser | str | None, **changes: 
 
     A change applies to rounds cleared after it (capacity is read when a round clears).
     """
-    clean = _clean(changes)
+    clean = tier_changes_validate(changes)
     locked = Tier.objects.select_for_update().get(pk=tier.pk)
     before = _snapshot(locked)
     changed = [name for name, value in clean.items() if getattr(locked, name) != value]

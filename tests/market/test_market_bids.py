@@ -22,8 +22,7 @@ from tenants.budgets import budget_set
 from tenants.ledger import balance_get, ledger_verify
 from tenants.models import Entry, Transfer
 from tests import factories
-
-from conftest import T0  # tests/market/conftest.py
+from tests.market.marketkit import T0
 
 
 def _counts() -> tuple[int, int, int, int, int]:

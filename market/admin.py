@@ -1,0 +1,325 @@
+"""Django admin for the market. Every write goes through market.services: a tier is created
+or changed by the tier services, a policy change is saved as a NEW version (the version you
+opened is never edited), and activation and shadowing are actions. Rounds, bids and
+allocations are read-only here: they change only through the market's own flow."""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from market.errors import MarketError
+from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
+from market.services import (
+    policy_activate,
+    policy_shadow_set,
+    policy_version_create,
+    tier_create,
+    tier_update,
+)
+from market.services.policy import POLICY_FIELDS, policy_changes_validate
+from market.services.tiers import TIER_FIELDS, tier_changes_validate, tier_slug_validate
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+def _pretty(value) -> str:
+    return format_html("<pre>{}</pre>", json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+# Tiers ------------------------------------------------------------------------------------
+
+
+class TierForm(forms.ModelForm):
+    class Meta:
+        model = Tier
+        fields = ("slug", *TIER_FIELDS)
+
+    def clean(self):
+        data = super().clean()
+        try:
+            if self.instance.pk is None:
+                tier_slug_validate(data.get("slug", ""))
+            tier_changes_validate({name: data[name] for name in TIER_FIELDS if name in data})
+        except MarketError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return data
+
+
+@admin.register(Tier)
+class TierAdmin(admin.ModelAdmin):
+    form = TierForm
+    list_display = (
+        "slug",
+        "name",
+        "gpu_model",
+        "capacity",
+        "maintenance_gpus",
+        "offered",
+        "preemptible",
+        "active",
+    )
+    list_filter = ("preemptible", "active")
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("slug", "created_at") if obj is not None else ("created_at",)
+
+    def has_delete_permission(self, request, obj=None):
+        # Tiers are referenced by bids and allocations; take one off offer with "active".
+        return False
+
+    def save_model(self, request, obj, form, change):
+        data = form.cleaned_data
+        if change:
+            tier_update(
+                tier=Tier.objects.get(pk=obj.pk),
+                actor=request.user,
+                **{name: data[name] for name in form.changed_data if name in TIER_FIELDS},
+            )
+            return
+        created = tier_create(
+            actor=request.user,
+            slug=data["slug"],
+            name=data["name"],
+            gpu_model=data["gpu_model"],
+            capacity=data["capacity"],
+            maintenance_gpus=data["maintenance_gpus"],
+            preemptible=data["preemptible"],
+        )
+        if not data.get("active", True):
+            tier_update(tier=created, actor=request.user, active=False)
+        obj.pk, obj.created_at = created.pk, created.created_at
+
+
+# Policy versions --------------------------------------------------------------------------
+
+
+class PolicyVersionForm(forms.ModelForm):
+    class Meta:
+        model = PolicyVersion
+        fields = POLICY_FIELDS
+
+    def clean(self):
+        data = super().clean()
+        try:
+            policy_changes_validate({name: data[name] for name in POLICY_FIELDS if name in data})
+        except MarketError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return data
+
+
+@admin.register(PolicyVersion)
+class PolicyVersionAdmin(admin.ModelAdmin):
+    form = PolicyVersionForm
+    list_display = (
+        "number",
+        "mechanism",
+        "status",
+        "round_minutes",
+        "lead_minutes",
+        "parent",
+        "created_by",
+        "created_at",
+        "activated_at",
+    )
+    list_filter = ("status", "mechanism")
+    readonly_fields = ("number", "status", "parent", "created_by", "created_at", "activated_at")
+    actions = ("activate", "shadow", "stop_shadow")
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = [(None, {"fields": POLICY_FIELDS})]
+        if obj is not None:
+            fieldsets.insert(
+                0,
+                (
+                    f"Version {obj.number} (saving a change creates a new version based on this one; this one stays as it is)",
+                    {"fields": self.readonly_fields},
+                ),
+            )
+        return fieldsets
+
+    def save_model(self, request, obj, form, change):
+        data = form.cleaned_data
+        if change:
+            based_on = PolicyVersion.objects.get(pk=obj.pk)
+            changes = {name: data[name] for name in form.changed_data if name in POLICY_FIELDS}
+            created = policy_version_create(actor=request.user, based_on=based_on, **changes)
+            messages.info(
+                request,
+                f"Saved as new draft version v{created.number}; v{based_on.number} is unchanged.",
+            )
+        else:
+            created = policy_version_create(
+                actor=request.user, **{name: data[name] for name in POLICY_FIELDS}
+            )
+        # The admin redirects to (and logs) ``obj``: point it at the version just created.
+        for field in created._meta.concrete_fields:
+            setattr(obj, field.attname, getattr(created, field.attname))
+        obj._state.adding = False
+
+    def _one(self, request: HttpRequest, queryset: QuerySet) -> PolicyVersion | None:
+        if queryset.count() != 1:
+            self.message_user(request, "Select exactly one version.", messages.ERROR)
+            return None
+        return queryset.get()
+
+    @admin.action(description="Activate the selected version (the active one is retired)")
+    def activate(self, request, queryset):
+        version = self._one(request, queryset)
+        if version is None:
+            return
+        try:
+            policy_activate(version=version, actor=request.user)
+        except MarketError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        else:
+            self.message_user(request, f"v{version.number} is active from the next round opened.")
+
+    @admin.action(description="Run the selected draft in shadow")
+    def shadow(self, request, queryset):
+        version = self._one(request, queryset)
+        if version is None:
+            return
+        try:
+            policy_shadow_set(version=version, actor=request.user)
+        except MarketError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        else:
+            self.message_user(request, f"v{version.number} now clears every round in shadow.")
+
+    @admin.action(description="Stop running any version in shadow")
+    def stop_shadow(self, request, queryset):
+        policy_shadow_set(version=None, actor=request.user)
+        self.message_user(request, "No version runs in shadow now.")
+
+
+# Rounds, bids, allocations (read-only) ------------------------------------------------------
+
+
+class AllocationInline(admin.TabularInline):
+    model = Allocation
+    extra = 0
+    can_delete = False
+    fields = readonly_fields = ("tenant", "bid", "tier", "gpus", "price", "charge", "status")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Round)
+class RoundAdmin(ReadOnlyAdmin):
+    list_display = (
+        "pk",
+        "status",
+        "starts_at",
+        "ends_at",
+        "closes_at",
+        "policy",
+        "shadow_policy",
+        "revenue",
+    )
+    list_filter = ("status",)
+    inlines = [AllocationInline]
+    fields = (
+        "status",
+        "policy",
+        "shadow_policy",
+        "opens_at",
+        "closes_at",
+        "starts_at",
+        "ends_at",
+        "revenue",
+        "failure_reason",
+        "cleared_at",
+        "settled_at",
+        "capacities_view",
+        "prices_view",
+        "diagnostics_view",
+        "shadow_view",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="Capacities (GPUs)")
+    def capacities_view(self, obj):
+        return _pretty(obj.capacities)
+
+    @admin.display(description="Prices (milli-credits per GPU-hour)")
+    def prices_view(self, obj):
+        return _pretty(obj.prices)
+
+    @admin.display(description="Solver diagnostics")
+    def diagnostics_view(self, obj):
+        return _pretty(obj.diagnostics)
+
+    @admin.display(description="Shadow policy outcome (not settled)")
+    def shadow_view(self, obj):
+        return _pretty(obj.shadow_result)
+
+
+class BidLimitInline(admin.TabularInline):
+    model = BidLimit
+    extra = 0
+    can_delete = False
+    fields = readonly_fields = ("tier", "price")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Bid)
+class BidAdmin(ReadOnlyAdmin):
+    list_display = (
+        "pk",
+        "tenant",
+        "author",
+        "round",
+        "quantity",
+        "min_quantity",
+        "escrow",
+        "status",
+        "created_at",
+    )
+    list_filter = ("status",)
+    search_fields = ("tenant__name", "author__username")
+    inlines = [BidLimitInline]
+
+
+@admin.register(Allocation)
+class AllocationAdmin(ReadOnlyAdmin):
+    list_display = (
+        "pk",
+        "tenant",
+        "round",
+        "tier",
+        "gpus",
+        "price",
+        "charge",
+        "starts_at",
+        "ends_at",
+        "status",
+    )
+    list_filter = ("status", "tier")
+    search_fields = ("tenant__name",)
