@@ -24,7 +24,9 @@ def rounds_tick_task() -> dict:
     report = rounds_tick()
     # Guardrails judge each round right after it settles; a breach rolls the policy back
     # before the next round clears.
-    guardrails_after_settlement(round_ids=[pk for pk, status in report.processed.items() if status == "settled"])
+    guardrails_after_settlement(
+        round_ids=[pk for pk, status in report.processed.items() if status == "settled"]
+    )
     if report.errors:
         logger.warning(
             "rounds tick: %d round(s) failed and will be retried: %s",

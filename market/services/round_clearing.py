@@ -316,7 +316,9 @@ def round_clear(*, round_id: int, now: datetime | None = None) -> Round:
     """
     now = now_or(now)
     rnd = (
-        Round.objects.select_for_update(of=("self",)).select_related("policy", "shadow_policy").get(pk=round_id)
+        Round.objects.select_for_update(of=("self",))
+        .select_related("policy", "shadow_policy")
+        .get(pk=round_id)
     )
     if rnd.status == Round.Status.OPEN:
         if rnd.closes_at > now:
