@@ -93,7 +93,16 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
     budget = np.where(np.isnan(a.budget), most, np.minimum(np.nan_to_num(a.budget), most))
     u0 = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
     om = open_market(market)
-    cols = np.flatnonzero((v > 0) & (budget[a.arc_tenant] > 0) & (om.bid_room[om.arc_bid] > EPS))
+    # Only arcs that can carry a GPU enter: a log term whose utility is forced to 0 has no
+    # optimum, so a tenant with nothing obtainable is left out of the objective instead.
+    open_group = (om.arc_capped < 0) | (om.group_room[np.maximum(om.arc_capped, 0)] > EPS)
+    cols = np.flatnonzero(
+        (v > 0)
+        & (budget[a.arc_tenant] > 0)
+        & (om.bid_room[om.arc_bid] > EPS)
+        & (om.tier_room[om.arc_tier] > EPS)
+        & open_group
+    )
     x = np.zeros(a.arc_bid.size)
     duals = np.zeros(a.n_tiers)
     seconds = 0.0

@@ -102,7 +102,8 @@ def build_market(arrays: Arrays, *, divisible: bool) -> Market:
         group_tier=group_tier,
         group_cap=group_cap,
         group_floor=group_floor,
-        capped=demand_all > group_cap + EPS,
+        # A share of 1 is the tier's capacity itself, which the tier row already holds.
+        capped=(a.cap_share[group_tier] < 1.0) & (demand_all > group_cap + EPS),
         value=value_g[arc_group],
         floor_x=floor_x,
         bid_room=room,

@@ -1,0 +1,155 @@
+"""Invariants of every policy over random small instances (hypothesis)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from market.clearing import POLICIES, Bid, Instance, Tenant, Tier, clear
+
+TIMINGS = {"build_seconds", "solve_seconds", "rounding_seconds", "total_seconds"}
+
+
+@st.composite
+def instances(draw, *, gangs: bool = True) -> Instance:
+    n_tiers = draw(st.integers(1, 3))
+    tiers = tuple(
+        Tier(
+            f"t{i}",
+            draw(st.integers(0, 12)),
+            reserve_price=draw(st.integers(0, 4)),
+            max_share=draw(st.sampled_from([1.0, 1.0, 0.5, 0.34])),
+        )
+        for i in range(n_tiers)
+    )
+    n_tenants = draw(st.integers(1, 4))
+    tenants = tuple(
+        Tenant(
+            f"n{i}",
+            weight=draw(st.sampled_from([0.0, 1.0, 1.0, 2.0])),
+            budget=draw(st.one_of(st.none(), st.integers(1, 200))),
+        )
+        for i in range(n_tenants)
+    )
+    bids = []
+    for b in range(draw(st.integers(1, 8))):
+        quantity = draw(st.integers(1, 6))
+        accept = draw(st.lists(st.sampled_from(tiers), min_size=1, max_size=n_tiers, unique=True))
+        minimum = draw(st.integers(2, quantity)) if gangs and quantity > 1 and draw(
+            st.booleans()) and draw(st.booleans()) else 0
+        bids.append(
+            Bid(
+                f"b{b}",
+                f"n{draw(st.integers(0, n_tenants - 1))}",
+                quantity,
+                {t.name: draw(st.integers(0, 20)) for t in accept},
+                min_quantity=minimum,
+            )
+        )
+    return Instance(tiers=tiers, tenants=tenants, bids=tuple(bids))
+
+
+def floors(inst: Instance) -> dict[tuple[str, str], int]:
+    """Entitlement floors recomputed from the rules, for tenants whose divisible bids each
+    reach at most one floored tier (where floors cannot compete for the same bid)."""
+    tier_of = {t.name: t for t in inst.tiers}
+    weight = {t.name: t.weight for t in inst.tenants}
+    bidders: dict[str, set[str]] = defaultdict(set)
+    demand: dict[tuple[str, str], float] = defaultdict(float)
+    for b in inst.bids:
+        for tier, price in b.limits.items():
+            if price >= tier_of[tier].reserve_price:
+                bidders[tier].add(b.tenant)
+                if b.min_quantity <= 1:
+                    demand[b.tenant, tier] += b.quantity
+    out = {}
+    for tier, who in bidders.items():
+        total = sum(weight[i] for i in who)
+        t = tier_of[tier]
+        for i in who:
+            if total > 0 and weight[i] > 0:
+                share = math.floor(weight[i] / total * t.capacity + 1e-9)
+                cap = math.floor(t.max_share * t.capacity + 1e-9)
+                out[i, tier] = min(share, cap, demand[i, tier])
+    spans: dict[str, int] = defaultdict(int)
+    for b in inst.bids:
+        reach = [t for t, p in b.limits.items()
+                 if p >= tier_of[t].reserve_price and out.get((b.tenant, t), 0) > 0]
+        if b.min_quantity <= 1 and len(reach) > 1:
+            spans[b.tenant] += 1
+    return {k: v for k, v in out.items() if v > 0 and not spans[k[0]]}
+
+
+def check(inst: Instance, policy: str, divisible: bool) -> None:
+    r = clear(inst, policy=policy, divisible=divisible)
+    tiers = {t.name: t for t in inst.tiers}
+    bids = {b.id: b for b in inst.bids}
+    tenant_of = {b.id: b.tenant for b in inst.bids}
+    per_tier, per_bid, per_group = defaultdict(float), defaultdict(float), defaultdict(float)
+    charged = defaultdict(float)
+    for a in r.allocations:
+        assert a.gpus > 0
+        assert a.tier in bids[a.bid].limits, "only acceptable tiers"
+        limit = bids[a.bid].limits[a.tier]
+        assert limit >= tiers[a.tier].reserve_price
+        if not divisible:
+            assert isinstance(a.gpus, int)
+        per_tier[a.tier] += a.gpus
+        per_bid[a.bid] += a.gpus
+        per_group[tenant_of[a.bid], a.tier] += a.gpus
+        charged[a.bid] += a.gpus * min(r.prices[a.tier], limit)
+        assert min(r.prices[a.tier], limit) <= limit
+    for name, used in per_tier.items():
+        assert used <= tiers[name].capacity + 1e-6
+    for bid, got in per_bid.items():
+        b = bids[bid]
+        assert got <= b.quantity + 1e-6
+        if b.min_quantity > (0 if divisible else 1):
+            assert got >= b.min_quantity - 1e-6, "a gang bid is all or nothing"
+    for (tenant, tier), got in per_group.items():
+        t = tiers[tier]
+        cap = t.max_share * t.capacity if divisible else math.floor(t.max_share * t.capacity + 1e-9)
+        assert got <= cap + 1e-6
+    if not divisible:
+        for (tenant, tier), floor in floors(inst).items():
+            assert per_group[tenant, tier] >= floor, (tenant, tier)
+    assert set(r.charges) == {b for b, g in per_bid.items() if g > 0}
+    for bid, credits in r.charges.items():
+        assert math.isclose(credits, charged[bid], rel_tol=1e-9, abs_tol=1e-9)
+    for name, price in r.prices.items():
+        assert price >= tiers[name].reserve_price
+    again = clear(inst, policy=policy, divisible=divisible).to_json()
+    first = r.to_json()
+    for out in (first, again):
+        for key in TIMINGS:
+            out["diagnostics"].pop(key)
+    assert first == again, "same instance, same result"
+
+
+SETTINGS = settings(max_examples=40, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(inst=instances(), divisible=st.booleans())
+def test_welfare_invariants(inst, divisible):
+    check(inst, "welfare", divisible)
+
+
+@SETTINGS
+@given(inst=instances(), divisible=st.booleans())
+def test_fisher_invariants(inst, divisible):
+    check(inst, "fisher", divisible)
+
+
+@SETTINGS
+@given(inst=instances(), divisible=st.booleans())
+def test_maxmin_invariants(inst, divisible):
+    check(inst, "maxmin", divisible)
+
+
+def test_every_policy_is_covered():
+    assert set(POLICIES) == {"welfare", "fisher", "maxmin"}

@@ -1,0 +1,143 @@
+"""Welfare against independent formulations: scipy linprog, cvxpy, and brute-force prices."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import cvxpy as cp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import linprog
+
+from market.clearing import Bid, Instance, Tenant, Tier, clear
+from tests.market.clearing.test_clearing_properties import instances
+
+
+def plain(inst: Instance, *, caps: bool = False) -> Instance:
+    """The same instance without floors (weights 0), gangs and, unless kept, share caps."""
+    return Instance(
+        tiers=tuple(
+            Tier(t.name, t.capacity, t.reserve_price, t.max_share if caps else 1.0)
+            for t in inst.tiers
+        ),
+        tenants=tuple(Tenant(t.name, weight=0.0) for t in inst.tenants),
+        bids=tuple(Bid(b.id, b.tenant, b.quantity, dict(b.limits)) for b in inst.bids),
+    )
+
+
+def arcs(inst: Instance) -> list[tuple[int, int, float]]:
+    reserve = [t.reserve_price for t in inst.tiers]
+    index = {t.name: i for i, t in enumerate(inst.tiers)}
+    return [
+        (b, index[name], float(p))
+        for b, bid in enumerate(inst.bids)
+        for name, p in bid.limits.items()
+        if p >= reserve[index[name]]
+    ]
+
+
+def linprog_welfare(inst: Instance) -> float:
+    """max sum p x  s.t.  bid quantity, tier capacity; written out row by row."""
+    a = arcs(inst)
+    if not a:
+        return 0.0
+    B, T = len(inst.bids), len(inst.tiers)
+    A = np.zeros((B + T, len(a)))
+    for e, (b, t, _) in enumerate(a):
+        A[b, e] = 1
+        A[B + t, e] = 1
+    rhs = [b.quantity for b in inst.bids] + [t.capacity for t in inst.tiers]
+    res = linprog(-np.array([p for *_, p in a]), A_ub=A, b_ub=rhs, bounds=(0, None),
+                  method="highs")
+    assert res.status == 0
+    return -res.fun
+
+
+def cvxpy_welfare(inst: Instance) -> float:
+    """The welfare model as the design states it, share caps included."""
+    a = arcs(inst)
+    if not a:
+        return 0.0
+    x = cp.Variable(len(a), nonneg=True)
+    limit = np.array([p for *_, p in a])
+    per_bid = [sum(x[e] for e, arc in enumerate(a) if arc[0] == b) for b in range(len(inst.bids))]
+    constraints = [per_bid[b] <= bid.quantity for b, bid in enumerate(inst.bids) if
+                   any(arc[0] == b for arc in a)]
+    for t, tier in enumerate(inst.tiers):
+        on_tier = [e for e, arc in enumerate(a) if arc[1] == t]
+        if on_tier:
+            constraints.append(cp.sum(x[on_tier]) <= tier.capacity)
+        cap = math.floor(tier.max_share * tier.capacity + 1e-9)
+        for tenant in inst.tenants:
+            mine = [e for e in on_tier if inst.bids[a[e][0]].tenant == tenant.name]
+            if mine:
+                constraints.append(cp.sum(x[mine]) <= cap)
+    problem = cp.Problem(cp.Maximize(limit @ x), constraints)
+    problem.solve(solver=cp.HIGHS)
+    assert problem.status == cp.OPTIMAL
+    return float(problem.value)
+
+
+def brute_force_prices(inst: Instance) -> dict[str, float]:
+    """Least integer price vector at which the LP optimum is an equilibrium.
+
+    A price vector pi >= 0 supports the optimum exactly when, with each bid's surplus
+    u_b = max(0, max_t p_bt - pi_t), the dual objective sum C pi + sum q u equals the optimal
+    welfare. Integer limits give integer least prices, so a grid search finds them.
+    """
+    a = arcs(inst)
+    optimum = linprog_welfare(inst)
+    top = int(max((p for *_, p in a), default=0)) + 1
+    T = len(inst.tiers)
+    supporting = []
+    for pi in itertools.product(range(top + 1), repeat=T):
+        surplus = np.zeros(len(inst.bids))
+        for b, t, p in a:
+            surplus[b] = max(surplus[b], p - pi[t])
+        dual = sum(c.capacity * pi[t] for t, c in enumerate(inst.tiers)) + sum(
+            bid.quantity * surplus[b] for b, bid in enumerate(inst.bids)
+        )
+        if abs(dual - optimum) <= 1e-7 * (1 + optimum):
+            supporting.append(pi)
+    least = np.min(np.array(supporting), axis=0)
+    assert tuple(least) in supporting, "the supporting prices form a lattice"
+    return {t.name: max(float(t.reserve_price), float(least[i])) for i, t in enumerate(inst.tiers)}
+
+
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(gangs=False), divisible=st.booleans())
+def test_welfare_matches_linprog(inst, divisible):
+    inst = plain(inst)
+    r = clear(inst, divisible=divisible)
+    assert r.diagnostics["welfare"] == pytest.approx(linprog_welfare(inst), rel=1e-6, abs=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(gangs=False))
+def test_welfare_prices_are_the_least_equilibrium_prices(inst):
+    inst = plain(inst)
+    assert clear(inst).prices == pytest.approx(brute_force_prices(inst), abs=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(inst=instances(gangs=False))
+def test_welfare_with_share_caps_matches_the_cvxpy_model(inst):
+    inst = plain(inst, caps=True)
+    r = clear(inst)
+    assert r.diagnostics["welfare"] == pytest.approx(cvxpy_welfare(inst), rel=1e-6, abs=1e-9)
+
+
+def test_column_generation_matches_linprog_on_a_larger_instance():
+    rng = np.random.default_rng(7)
+    tiers = tuple(Tier(f"t{i}", int(rng.integers(20, 60)), reserve_price=1) for i in range(4))
+    tenants = (Tenant("n", weight=0),)
+    bids = tuple(
+        Bid(f"b{i:03d}", "n", int(rng.integers(1, 5)),
+            {t.name: int(rng.integers(0, 30)) for t in rng.choice(tiers, size=2, replace=False)})
+        for i in range(300)
+    )
+    inst = Instance(tiers=tiers, tenants=tenants, bids=bids)
+    assert clear(inst).diagnostics["welfare"] == pytest.approx(linprog_welfare(inst), rel=1e-9)
