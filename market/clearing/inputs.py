@@ -16,11 +16,14 @@ import numpy as np
 from .errors import ClearingError
 
 
-def _finite_nonneg(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ClearingError(f"{where}: must be a finite number >= 0, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ClearingError(f"{where}: must be a finite number >= 0, got {value!r}")
+def _finite_nonneg(value: object, where: str, subject: str = "") -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ClearingError(f"{where}: {subject}must be a finite number >= 0, got {value!r}")
     return float(value)
 
 
@@ -78,7 +81,7 @@ class Bid:
         if m > q:
             raise ClearingError(f"{where}.min_quantity: {m:g} is more than quantity {q:g}")
         for tier, price in self.limits.items():
-            _finite_nonneg(price, f"{where}.limits.{tier}: price")
+            _finite_nonneg(price, f"{where}.limits.{tier}", "price ")
         # A private copy: later edits to the caller's dict cannot change a frozen bid.
         object.__setattr__(self, "limits", dict(self.limits))
 

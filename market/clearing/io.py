@@ -27,12 +27,18 @@ _MISSING = object()
 
 
 def _number(
-    value: Any, where: str, *, low: float = 0.0, what: str = "a finite number >= 0"
+    value: Any,
+    where: str,
+    *,
+    low: float = 0.0,
+    what: str = "a finite number >= 0",
+    subject: str = "",
 ) -> float:
+    """A finite number >= low; ``subject`` reads before "must" (e.g. "price ")."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ClearingError(f"{where}: must be {what}, got {type(value).__name__}")
+        raise ClearingError(f"{where}: {subject}must be {what}, got {type(value).__name__}")
     if not math.isfinite(value) or value < low:
-        raise ClearingError(f"{where}: must be {what}, got {value!r}")
+        raise ClearingError(f"{where}: {subject}must be {what}, got {value!r}")
     return value
 
 
@@ -137,7 +143,7 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
         for tier, price in value.items():
             if tier not in tier_names:
                 raise ClearingError(f"{where}.{tier}: unknown tier")
-            number(price, f"{where}.{tier}: price")
+            number(price, f"{where}.{tier}", subject="price ")
         return value
 
     bids = []

@@ -154,8 +154,11 @@ def test_divisible_mode_gives_fractions():
     inst = Instance(
         tiers=(Tier("a100", 3),),
         tenants=(Tenant("x"), Tenant("y"), Tenant("z")),
-        bids=(Bid("a", "x", 2, {"a100": 1}), Bid("b", "y", 2, {"a100": 1}),
-              Bid("c", "z", 2, {"a100": 1})),
+        bids=(
+            Bid("a", "x", 2, {"a100": 1}),
+            Bid("b", "y", 2, {"a100": 1}),
+            Bid("c", "z", 2, {"a100": 1}),
+        ),
     )
     r = clear(inst, policy="maxmin", divisible=True)
     assert [a.gpus for a in r.allocations] == pytest.approx([1.0, 1.0, 1.0])
@@ -168,9 +171,20 @@ def test_to_json_has_exactly_the_documented_keys():
     out = clear(two_bidders()).to_json()
     assert list(out) == ["allocations", "prices", "charges", "diagnostics"]
     assert out["allocations"][0] == {"bid": "b1", "tier": "a100", "gpus": 2}
-    for key in ("policy", "status", "welfare", "utilisation", "jain", "min_share_ratio",
-                "envy_violations", "rounding_loss", "build_seconds", "solve_seconds",
-                "rounding_seconds", "total_seconds"):
+    for key in (
+        "policy",
+        "status",
+        "welfare",
+        "utilisation",
+        "jain",
+        "min_share_ratio",
+        "envy_violations",
+        "rounding_loss",
+        "build_seconds",
+        "solve_seconds",
+        "rounding_seconds",
+        "total_seconds",
+    ):
         assert key in out["diagnostics"]
 
 

@@ -38,8 +38,11 @@ def instances(draw, *, gangs: bool = True) -> Instance:
     for b in range(draw(st.integers(1, 8))):
         quantity = draw(st.integers(1, 6))
         accept = draw(st.lists(st.sampled_from(tiers), min_size=1, max_size=n_tiers, unique=True))
-        minimum = draw(st.integers(2, quantity)) if gangs and quantity > 1 and draw(
-            st.booleans()) and draw(st.booleans()) else 0
+        minimum = (
+            draw(st.integers(2, quantity))
+            if gangs and quantity > 1 and draw(st.booleans()) and draw(st.booleans())
+            else 0
+        )
         bids.append(
             Bid(
                 f"b{b}",
@@ -76,8 +79,11 @@ def floors(inst: Instance) -> dict[tuple[str, str], int]:
                 out[i, tier] = min(share, cap, demand[i, tier])
     spans: dict[str, int] = defaultdict(int)
     for b in inst.bids:
-        reach = [t for t, p in b.limits.items()
-                 if p >= tier_of[t].reserve_price and out.get((b.tenant, t), 0) > 0]
+        reach = [
+            t
+            for t, p in b.limits.items()
+            if p >= tier_of[t].reserve_price and out.get((b.tenant, t), 0) > 0
+        ]
         if b.min_quantity <= 1 and len(reach) > 1:
             spans[b.tenant] += 1
     return {k: v for k, v in out.items() if v > 0 and not spans[k[0]]}
@@ -109,7 +115,7 @@ def check(inst: Instance, policy: str, divisible: bool) -> None:
         assert got <= b.quantity + 1e-6
         if b.min_quantity > (0 if divisible else 1):
             assert got >= b.min_quantity - 1e-6, "a gang bid is all or nothing"
-    for (tenant, tier), got in per_group.items():
+    for (_tenant, tier), got in per_group.items():
         t = tiers[tier]
         cap = t.max_share * t.capacity if divisible else math.floor(t.max_share * t.capacity + 1e-9)
         assert got <= cap + 1e-6
@@ -129,8 +135,7 @@ def check(inst: Instance, policy: str, divisible: bool) -> None:
     assert first == again, "same instance, same result"
 
 
-SETTINGS = settings(max_examples=40, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS

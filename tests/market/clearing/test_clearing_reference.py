@@ -50,8 +50,7 @@ def linprog_welfare(inst: Instance) -> float:
         A[b, e] = 1
         A[B + t, e] = 1
     rhs = [b.quantity for b in inst.bids] + [t.capacity for t in inst.tiers]
-    res = linprog(-np.array([p for *_, p in a]), A_ub=A, b_ub=rhs, bounds=(0, None),
-                  method="highs")
+    res = linprog(-np.array([p for *_, p in a]), A_ub=A, b_ub=rhs, bounds=(0, None), method="highs")
     assert res.status == 0
     return -res.fun
 
@@ -64,8 +63,11 @@ def cvxpy_welfare(inst: Instance) -> float:
     x = cp.Variable(len(a), nonneg=True)
     limit = np.array([p for *_, p in a])
     per_bid = [sum(x[e] for e, arc in enumerate(a) if arc[0] == b) for b in range(len(inst.bids))]
-    constraints = [per_bid[b] <= bid.quantity for b, bid in enumerate(inst.bids) if
-                   any(arc[0] == b for arc in a)]
+    constraints = [
+        per_bid[b] <= bid.quantity
+        for b, bid in enumerate(inst.bids)
+        if any(arc[0] == b for arc in a)
+    ]
     for t, tier in enumerate(inst.tiers):
         on_tier = [e for e, arc in enumerate(a) if arc[1] == t]
         if on_tier:
@@ -135,8 +137,12 @@ def test_column_generation_matches_linprog_on_a_larger_instance():
     tiers = tuple(Tier(f"t{i}", int(rng.integers(20, 60)), reserve_price=1) for i in range(4))
     tenants = (Tenant("n", weight=0),)
     bids = tuple(
-        Bid(f"b{i:03d}", "n", int(rng.integers(1, 5)),
-            {t.name: int(rng.integers(0, 30)) for t in rng.choice(tiers, size=2, replace=False)})
+        Bid(
+            f"b{i:03d}",
+            "n",
+            int(rng.integers(1, 5)),
+            {t.name: int(rng.integers(0, 30)) for t in rng.choice(tiers, size=2, replace=False)},
+        )
         for i in range(300)
     )
     inst = Instance(tiers=tiers, tenants=tenants, bids=bids)
