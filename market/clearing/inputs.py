@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
@@ -158,15 +160,17 @@ def instance_arrays(instance: Instance) -> Arrays:
     tiers, tenants = instance.tiers, instance.tenants
     tier_index = {t.name: i for i, t in enumerate(tiers)}
     tenant_index = {t.name: i for i, t in enumerate(tenants)}
-    bids = sorted(instance.bids, key=lambda b: b.id)
+    bids = sorted(instance.bids, key=attrgetter("id"))
     reserve = np.array([t.reserve_price for t in tiers], dtype=float)
-    counts = np.fromiter((len(b.limits) for b in bids), dtype=np.int64, count=len(bids))
+    # map() over C-level callables keeps this single pass over the bid objects cheap.
+    limits = list(map(attrgetter("limits"), bids))
+    counts = np.fromiter(map(len, limits), dtype=np.int64, count=len(bids))
     arc_bid = np.repeat(np.arange(len(bids), dtype=np.int64), counts)
     arc_tier = np.fromiter(
-        (tier_index[name] for b in bids for name in b.limits), dtype=np.int64, count=arc_bid.size
+        map(tier_index.__getitem__, chain.from_iterable(limits)), np.int64, count=arc_bid.size
     )
     arc_price = np.fromiter(
-        (price for b in bids for price in b.limits.values()), dtype=float, count=arc_bid.size
+        chain.from_iterable(map(dict.values, limits)), dtype=float, count=arc_bid.size
     )
     keep = arc_price >= reserve[arc_tier] if arc_bid.size else np.zeros(0, dtype=bool)
     order = np.lexsort((arc_tier[keep], arc_bid[keep]))
@@ -179,9 +183,11 @@ def instance_arrays(instance: Instance) -> Arrays:
         cap_share=np.array([t.max_share for t in tiers], dtype=float),
         weight=np.array([t.weight for t in tenants], dtype=float),
         budget=np.array([np.nan if t.budget is None else t.budget for t in tenants]),
-        bid_tenant=np.fromiter((tenant_index[b.tenant] for b in bids), np.int64, len(bids)),
-        quantity=np.array([b.quantity for b in bids], dtype=float),
-        min_quantity=np.array([b.min_quantity for b in bids], dtype=float),
+        bid_tenant=np.fromiter(
+            map(tenant_index.__getitem__, map(attrgetter("tenant"), bids)), np.int64, len(bids)
+        ),
+        quantity=np.fromiter(map(attrgetter("quantity"), bids), float, len(bids)),
+        min_quantity=np.fromiter(map(attrgetter("min_quantity"), bids), float, len(bids)),
         arc_bid=arc_bid[keep][order],
         arc_tier=arc_tier[keep][order],
         arc_price=arc_price[keep][order],
