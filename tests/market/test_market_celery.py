@@ -53,8 +53,10 @@ def _wait_for(what: str, check: Callable[[], bool], log: Path) -> None:
 
 
 def _due_round_with_bids():
-    """A round opened two hours ago whose bidding has closed, with three bids from two teams."""
-    start = timezone.now() - timedelta(hours=2)
+    """A round whose bidding has closed and whose window is running now, with three bids from
+    two teams. Opened half an hour before the current hour, it covers the current hour."""
+    now = timezone.now()
+    start = now.replace(minute=0, second=0, microsecond=0) - timedelta(minutes=30)
     market = market_make(now=start)
     teams = []
     for credits in (50_000, 50_000):
@@ -75,7 +77,7 @@ def _due_round_with_bids():
     bid_place(
         user=b_user, tenant=b, round=market.round, quantity=1, limits={"h100": 2500}, now=start
     )
-    assert market.round.closes_at <= timezone.now()
+    assert market.round.closes_at <= timezone.now() < market.round.ends_at
     return market, [a, b]
 
 
