@@ -1,0 +1,116 @@
+"""Admin: pages render, and every write goes through the services (a policy change is a new
+version; the one opened stays as it was)."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from audit.models import AuditEvent
+from market.models import PolicyVersion, Tier
+from market.services import policy_version_create, round_process
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client(client, market):
+    client.force_login(market.admin)
+    return client
+
+
+def test_every_market_admin_page_renders(admin_client, market):
+    round_process(round_id=market.round.pk, now=market.after_close())
+    for name in ("tier", "policyversion", "round", "bid", "allocation"):
+        assert admin_client.get(reverse(f"admin:market_{name}_changelist")).status_code == 200
+    assert (
+        admin_client.get(reverse("admin:market_round_change", args=[market.round.pk])).status_code
+        == 200
+    )
+    assert (
+        admin_client.get(
+            reverse("admin:market_policyversion_change", args=[market.policy.pk])
+        ).status_code
+        == 200
+    )
+
+
+def _policy_form(version: PolicyVersion, **changes) -> dict:
+    data = {
+        "mechanism": version.mechanism,
+        "params": "{}",
+        "reserve_prices": '{"a100": 1000, "h100": 2000}',
+        "max_share_pct": "{}",
+        "round_minutes": version.round_minutes,
+        "lead_minutes": version.lead_minutes,
+        "guardrails": "{}",
+        "note": "",
+    }
+    return data | changes
+
+
+def test_saving_a_policy_change_makes_a_new_version_and_leaves_the_old_one(admin_client, market):
+    url = reverse("admin:market_policyversion_change", args=[market.policy.pk])
+    response = admin_client.post(
+        url, _policy_form(market.policy, round_minutes=30, note="shorter rounds")
+    )
+    assert response.status_code == 302
+    market.policy.refresh_from_db()
+    assert (market.policy.round_minutes, market.policy.status) == (60, "active")
+    new = PolicyVersion.objects.get(number=market.policy.number + 1)
+    assert (new.round_minutes, new.status, new.parent_id, new.note) == (
+        30,
+        "draft",
+        market.policy.pk,
+        "shorter rounds",
+    )
+    assert AuditEvent.objects.filter(action="policy.version_create", object_id=str(new.pk)).exists()
+
+
+def test_an_invalid_policy_change_is_shown_on_the_form_and_nothing_is_created(admin_client, market):
+    url = reverse("admin:market_policyversion_change", args=[market.policy.pk])
+    response = admin_client.post(url, _policy_form(market.policy, reserve_prices='{"v100": 5}'))
+    assert response.status_code == 200
+    assert "unknown tier(s) v100" in response.content.decode()
+    assert PolicyVersion.objects.count() == 1
+
+
+def test_activate_action_goes_through_the_service(admin_client, market):
+    draft = policy_version_create(actor=market.admin, mechanism="maxmin")
+    response = admin_client.post(
+        reverse("admin:market_policyversion_changelist"),
+        {"action": "activate", "_selected_action": [draft.pk]},
+    )
+    assert response.status_code == 302
+    assert dict(PolicyVersion.objects.values_list("number", "status")) == {
+        1: "retired",
+        9: "active",
+    }
+    assert AuditEvent.objects.filter(action="policy.activate").count() == 2
+
+
+def test_tiers_are_created_and_changed_through_the_services(admin_client):
+    data = {
+        "slug": "l40s",
+        "name": "L40S",
+        "gpu_model": "",
+        "capacity": 6,
+        "maintenance_gpus": 0,
+        "active": "on",
+    }
+    assert admin_client.post(reverse("admin:market_tier_add"), data).status_code == 302
+    tier = Tier.objects.get(slug="l40s")
+    assert AuditEvent.objects.filter(action="tier.create", object_id=str(tier.pk)).exists()
+    change = data | {"capacity": 4, "maintenance_gpus": 1}
+    assert (
+        admin_client.post(reverse("admin:market_tier_change", args=[tier.pk]), change).status_code
+        == 302
+    )
+    tier.refresh_from_db()
+    assert (tier.capacity, tier.offered) == (4, 3)
+    assert AuditEvent.objects.filter(action="tier.update", object_id=str(tier.pk)).count() == 1
+
+
+def test_rounds_bids_and_allocations_are_read_only(admin_client, market):
+    assert admin_client.get(reverse("admin:market_round_add")).status_code == 403
+    assert admin_client.get(reverse("admin:market_bid_add")).status_code == 403
