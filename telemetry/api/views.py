@@ -13,13 +13,13 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 from rest_framework.generics import ListAPIView
-from rest_framework.pagination import LimitOffsetPagination
 
 from telemetry import selectors, services
 from telemetry.errors import TelemetryError
 from telemetry.models import EnforcementAction
 from telemetry.payload import payload_load
 from tenants.access import require_tenant
+from tenants.api.base import Pagination
 
 
 def _refusal(exc: TelemetryError) -> JsonResponse:
@@ -117,7 +117,9 @@ class EnforcementActionList(ListAPIView):
     """The enforcement actions taken on the caller's tenant's work, newest first."""
 
     serializer_class = EnforcementActionSerializer
-    pagination_class = LimitOffsetPagination
+    pagination_class = Pagination
+    # Read by the API schema: a caller without a tenant gets 404 (require_tenant).
+    tenant_scoped = True
 
     def get_queryset(self):
         return selectors.actions_for_tenant(tenant=require_tenant(self.request.user))
