@@ -146,9 +146,9 @@ def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
 @transaction.atomic
 def round_fail(
     *,
-    round: Round,
+    round: Round,  # the domain's word, though it shadows the builtin here
     reason: str,
-    actor: AbstractBaseUser | str | None = SYSTEM,  # noqa: A002
+    actor: AbstractBaseUser | str | None = SYSTEM,
 ) -> Round:
     """Mark a round that has not settled as failed: every open bid's escrow goes back to
     available (bid status ``refunded``) and the reason is kept on the round, audited and

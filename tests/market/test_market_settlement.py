@@ -4,9 +4,13 @@ error refunds everything; a shadow policy is compared but never touches the ledg
 from __future__ import annotations
 
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db.models import Sum
+from django.utils import timezone
 
 from audit.models import AuditEvent
 from market import clearing
@@ -16,7 +20,9 @@ from market.services import (
     policy_shadow_set,
     policy_version_create,
     round_clear,
+    round_data,
     round_fail,
+    round_open_next,
     round_process,
     round_settle,
     rounds_tick,
@@ -26,7 +32,7 @@ from market.services.bids import window_seconds
 from tenants.ledger import balance_get, ledger_verify
 from tenants.models import Account, Entry, Notification, Transfer
 from tests import factories
-from tests.market.marketkit import T0
+from tests.market.marketkit import T0, market_make
 
 pytestmark = pytest.mark.django_db
 
@@ -219,8 +225,6 @@ def test_tier_prices_round_down_to_a_whole_milli_credit_and_never_below_the_rese
 def test_the_solver_instance_is_read_with_a_fixed_number_of_queries(
     market, team, rival, django_assert_num_queries
 ):
-    from market.services import round_data
-
     for i in range(12):
         _bid(
             team if i % 2 else rival,
@@ -232,3 +236,26 @@ def test_the_solver_instance_is_read_with_a_fixed_number_of_queries(
         data = round_data(market.round)
     assert data.limits.shape == (12, 2) and data.tier_slugs == ["a100", "h100"]
     assert data.limits[0].tolist() == [1500, 2500] and data.quantity.tolist()[:3] == [1, 2, 3]
+
+
+def test_clear_round_command_settles_a_due_round_and_refuses_an_open_one(team):
+    # The command runs on the real clock: open the round two hours ago so it is due now.
+    market = market_make(now=timezone.now() - timedelta(hours=2))
+    tenant, user = team
+    bid_place(
+        user=user,
+        tenant=tenant,
+        round=market.round,
+        quantity=2,
+        limits={"a100": 3000},
+        now=market.round.opens_at,
+    )
+    with pytest.raises(CommandError, match="there is no round 999999"):
+        call_command("clear_round", 999999)
+    out = StringIO()
+    call_command("clear_round", market.round.pk, stdout=out)
+    assert f"round {market.round.pk}: settled" in out.getvalue() and "a100: 1000" in out.getvalue()
+    assert Allocation.objects.filter(round=market.round).count() == 1
+    nxt = round_open_next()
+    with pytest.raises(CommandError, match="still open for bids"):
+        call_command("clear_round", nxt.pk)
