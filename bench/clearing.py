@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import time
@@ -22,7 +23,7 @@ import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
-from market.clearing import Bid, Instance, Tenant, Tier, clear, highs
+from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear, highs
 from market.clearing.inputs import instance_arrays
 from market.clearing.market import build_market, open_market
 
@@ -189,7 +190,10 @@ def main() -> None:
             r = clear(inst, policy=policy)
             d = r.diagnostics
             if policy == "welfare":
-                bare = bare_welfare(inst, args.bare_limit)
+                try:
+                    bare = bare_welfare(inst, args.bare_limit)
+                except SolverError:  # the direct LP hit --bare-limit
+                    bare = math.inf
             else:
                 bare = bare_same_problem(inst, policy)
             bare_text = f"{bare:8.3f}" if bare < args.bare_limit else f">{args.bare_limit:7.0f}"

@@ -1,0 +1,68 @@
+"""Solver outcomes other than "optimal" never pass silently."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear, highs
+
+
+def test_infeasible_lp_raises_naming_the_problem():
+    with pytest.raises(SolverError, match="test problem: the solver stopped with status"):
+        highs.solve(
+            cost=np.array([1.0]),
+            matrix=sp.csc_matrix(np.array([[1.0]])),
+            row_lo=np.array([2.0]),
+            row_hi=np.array([3.0]),
+            col_lo=np.zeros(1),
+            col_hi=np.ones(1),
+            what="test problem",
+        )
+
+
+GANGS = Instance(
+    tiers=(Tier("a100", 6),),
+    tenants=(Tenant("x", weight=0), Tenant("y", weight=0)),
+    bids=(
+        Bid("g1", "x", 4, {"a100": 9}, min_quantity=4),
+        Bid("g2", "y", 4, {"a100": 8}, min_quantity=3),
+        Bid("d", "y", 3, {"a100": 2}),
+    ),
+)
+
+
+@pytest.mark.parametrize("policy", ["welfare", "maxmin"])
+def test_no_incumbent_within_the_time_limit_falls_back_without_gangs(monkeypatch, policy):
+    real = highs.solve
+
+    def no_incumbent(**kwargs):
+        if kwargs.get("integer") is not None and np.any(kwargs["integer"]):
+            return highs.LpSolution(np.zeros(0), np.zeros(0), "no_solution", 0.0)
+        return real(**kwargs)
+
+    monkeypatch.setattr(highs, "solve", no_incumbent)
+    r = clear(GANGS, policy=policy)
+    assert r.diagnostics["status"] == "fallback"
+    assert {a.bid for a in r.allocations} == {"d"}
+    assert sum(a.gpus for a in r.allocations) == 3
+
+
+def test_gang_milp_is_used_when_it_solves():
+    r = clear(GANGS)
+    assert r.diagnostics["status"] == "optimal"
+    got = {a.bid: a.gpus for a in r.allocations}
+    # 4 x 9 for g1 and the two spare GPUs to d beat g2 (3 or 4 x 8) with g1 left out.
+    assert got == {"g1": 4, "d": 2}
+
+
+def test_fisher_status_other_than_optimal_raises(monkeypatch):
+    import cvxpy as cp
+
+    def inaccurate(problem, *args, **kwargs):
+        problem._status = cp.OPTIMAL_INACCURATE
+
+    monkeypatch.setattr(cp.Problem, "solve", inaccurate)
+    with pytest.raises(SolverError, match="fisher problem: .*optimal_inaccurate"):
+        clear(GANGS, policy="fisher")
