@@ -259,3 +259,27 @@ def test_clear_round_command_settles_a_due_round_and_refuses_an_open_one(team):
     nxt = round_open_next()
     with pytest.raises(CommandError, match="still open for bids"):
         call_command("clear_round", nxt.pk)
+
+
+@pytest.mark.parametrize("mechanism", ["welfare", "fisher", "maxmin"])
+def test_every_mechanism_settles_with_the_ledger_right_and_shadows_the_others(
+    mechanism, team, rival
+):
+    market = market_make(mechanism=mechanism)
+    others = [m for m in ("welfare", "fisher", "maxmin") if m != mechanism]
+    policy_shadow_set(
+        version=policy_version_create(actor=None, based_on=market.policy, mechanism=others[0]),
+        actor=None,
+    )
+    _bid(team, market, quantity=3, limits={"a100": 3000, "h100": 5000})
+    _bid(team, market, quantity=2, min_quantity=2, limits={"h100": 4500})
+    _bid(rival, market, quantity=4, limits={"a100": 2500})
+    _bid(rival, market, quantity=1, limits={"h100": 2200})
+    rnd = round_process(round_id=market.round.pk, now=market.after_close())
+    assert rnd.status == "settled", rnd.failure_reason
+    assert rnd.diagnostics["policy"] == mechanism
+    assert Allocation.objects.filter(round=rnd).exists()
+    _assert_settled_ledger(rnd)
+    shadow = rnd.shadow_result
+    assert "error" not in shadow and shadow["mechanism"] == others[0]
+    assert all(shadow["allocated"][slug] <= rnd.capacities[slug] for slug in rnd.capacities)
