@@ -9,6 +9,7 @@ on the second node runs without an allocation, so the enforcement loop pauses it
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -54,15 +55,19 @@ class Children:
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _seed() -> dict[str, str]:
-    """Idempotent demo data; returns node name -> a fresh agent token."""
+def _seed(var: Path) -> dict[str, str]:
+    """Idempotent demo data; returns node name -> its agent token.
+
+    Tokens are stored hashed, so the demo keeps the ones it was shown in ``var/`` (readable
+    by this user only) to hand them to its agents again on the next start.
+    """
     from django.contrib.auth import get_user_model
     from django.db import transaction
 
     from market.demo import demo_market_seed
     from market.models import Tier
     from telemetry.models import Node
-    from telemetry.services import node_register, node_token_rotate
+    from telemetry.services import node_register
     from tenants.ledger import MILLI, credits_grant
     from tenants.models import Tenant
     from tenants.services import member_add, tenant_create
@@ -83,15 +88,23 @@ def _seed() -> dict[str, str]:
         for username, role in members:
             if not User.objects.filter(username=username).exists():
                 member_add(tenant=tenant, username=username, role=role, actor=admin, password=DEMO_PASSWORD)
+    token_file = var / "demo-node-tokens.json"
+    saved = json.loads(token_file.read_text()) if token_file.exists() else {}
     tokens = {}
     for node_name, tier_slug, _gpus in NODES:
-        node = Node.objects.filter(name=node_name).first()
-        if node is None:
-            _node, token = node_register(name=node_name, tier=Tier.objects.get(slug=tier_slug), actor=admin)
-        else:
-            # Tokens are stored hashed, so a restart hands its agents new ones.
-            token = node_token_rotate(node=node, actor=admin)
-        tokens[node_name] = token
+        if Node.objects.filter(name=node_name).exists():
+            if node_name not in saved:
+                raise SystemExit(
+                    f"node {node_name} exists but its token is not in {token_file}; "
+                    f"remove {var} to start the demo afresh"
+                )
+            tokens[node_name] = saved[node_name]
+            continue
+        _node, tokens[node_name] = node_register(
+            name=node_name, tier=Tier.objects.get(slug=tier_slug), actor=admin
+        )
+    token_file.write_text(json.dumps(tokens))
+    token_file.chmod(0o600)
     return tokens
 
 
@@ -168,7 +181,7 @@ def main(argv: list[str]) -> int:
     var = Path(settings.VAR_DIR)
     var.mkdir(parents=True, exist_ok=True)
     call_command("migrate", interactive=False, verbosity=0)
-    tokens = _seed()
+    tokens = _seed(var)
 
     from telemetry.agent.simulated_backend import spawn_simulated_work
 
