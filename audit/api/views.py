@@ -5,9 +5,9 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema
 from rest_framework import permissions, serializers, viewsets
 from rest_framework.decorators import action
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.response import Response
 
+from audit.api.pagination import StrictLimitOffsetPagination, query_filters
 from audit.models import AuditEvent
 from audit.selectors import chain_verify, events_filter
 
@@ -57,7 +57,7 @@ class ChainReportSerializer(serializers.Serializer):
     description = serializers.CharField()
 
 
-class AuditPagination(LimitOffsetPagination):
+class AuditPagination(StrictLimitOffsetPagination):
     default_limit = 100
     max_limit = 1000
 
@@ -73,9 +73,7 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self):
         if self.action != "list":
             return AuditEvent.objects.all()
-        filters = AuditFilterSerializer(data=self.request.query_params)
-        filters.is_valid(raise_exception=True)
-        data = filters.validated_data
+        data = query_filters(self.request, AuditFilterSerializer)
         return events_filter(
             actor=data.get("actor", ""),
             tenant_id=data.get("tenant"),

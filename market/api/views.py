@@ -13,6 +13,7 @@ from rest_framework.decorators import action
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
+from audit.api.pagination import query_filters
 from market.api.serializers import (
     AllocationFilterSerializer,
     AllocationSerializer,
@@ -29,7 +30,6 @@ from market.services import bid_cancel, bid_edit, bid_place
 from tenants.access import access_object
 from tenants.api.base import Pagination, TenantScopedViewSet
 from tenants.api.errors import Missing, Refused
-from tenants.api.views import query_filters
 from tenants.models import Campaign
 
 

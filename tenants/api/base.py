@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from django.db.models import Model, QuerySet
 from rest_framework import permissions, viewsets
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.parsers import JSONParser
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
+from audit.api.pagination import StrictLimitOffsetPagination
 from tenants.access import access_object, membership_of, scoped
 from tenants.models import ApiToken, Tenant
 
@@ -23,7 +23,7 @@ class IsTenantMember(permissions.BasePermission):
         return membership_of(request.user) is not None
 
 
-class Pagination(LimitOffsetPagination):
+class Pagination(StrictLimitOffsetPagination):
     default_limit = 50
     max_limit = 500
 
