@@ -51,7 +51,9 @@ class PolicyVersion(models.Model):
         RETIRED = "retired", "Retired"
 
     number = models.PositiveIntegerField(unique=True)
-    mechanism = models.CharField(max_length=20, choices=Mechanism.choices, default=Mechanism.WELFARE)
+    mechanism = models.CharField(
+        max_length=20, choices=Mechanism.choices, default=Mechanism.WELFARE
+    )
     params = models.JSONField(default=dict, blank=True)
     # {tier slug: milli-credits per GPU-hour}; a tier missing here has reserve 0.
     reserve_prices = models.JSONField(default=dict, blank=True)
@@ -80,7 +82,9 @@ class PolicyVersion(models.Model):
             models.UniqueConstraint(
                 fields=["status"], condition=Q(status="shadow"), name="policy_one_shadow"
             ),
-            models.CheckConstraint(condition=Q(round_minutes__gte=1), name="policy_round_minutes_min"),
+            models.CheckConstraint(
+                condition=Q(round_minutes__gte=1), name="policy_round_minutes_min"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -137,13 +141,19 @@ class Round(models.Model):
             models.UniqueConstraint(
                 fields=["status"], condition=Q(status="open"), name="round_one_open"
             ),
-            models.CheckConstraint(condition=Q(ends_at__gt=F("starts_at")), name="round_window_positive"),
-            models.CheckConstraint(condition=Q(closes_at__lte=F("starts_at")), name="round_closes_before_start"),
+            models.CheckConstraint(
+                condition=Q(ends_at__gt=F("starts_at")), name="round_window_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(closes_at__lte=F("starts_at")), name="round_closes_before_start"
+            ),
         ]
         indexes = [models.Index(fields=["status", "closes_at"])]
 
     def __str__(self) -> str:
-        return f"round {self.pk} [{self.starts_at:%Y-%m-%d %H:%M}, {self.ends_at:%H:%M}) {self.status}"
+        return (
+            f"round {self.pk} [{self.starts_at:%Y-%m-%d %H:%M}, {self.ends_at:%H:%M}) {self.status}"
+        )
 
     @property
     def hours(self) -> float:
@@ -159,7 +169,9 @@ class Bid(models.Model):
         REFUNDED = "refunded", "Refunded"
 
     tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="bids")
-    author = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="bids")
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="bids"
+    )
     round = models.ForeignKey(Round, on_delete=models.PROTECT, related_name="bids")
     campaign = models.ForeignKey(
         "tenants.Campaign", null=True, blank=True, on_delete=models.PROTECT, related_name="bids"
@@ -181,7 +193,9 @@ class Bid(models.Model):
         ordering = ["-created_at", "-id"]
         constraints = [
             models.CheckConstraint(condition=Q(quantity__gte=1), name="bid_quantity_positive"),
-            models.CheckConstraint(condition=Q(min_quantity__lte=F("quantity")), name="bid_min_le_quantity"),
+            models.CheckConstraint(
+                condition=Q(min_quantity__lte=F("quantity")), name="bid_min_le_quantity"
+            ),
             models.CheckConstraint(condition=Q(escrow__gte=0), name="bid_escrow_not_negative"),
             models.UniqueConstraint(
                 fields=["tenant", "idempotency_key"],
@@ -222,7 +236,9 @@ class Allocation(models.Model):
         FINISHED = "finished", "Finished"
         REVOKED = "revoked", "Revoked"
 
-    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="allocations")
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.PROTECT, related_name="allocations"
+    )
     round = models.ForeignKey(Round, on_delete=models.PROTECT, related_name="allocations")
     bid = models.ForeignKey(Bid, on_delete=models.PROTECT, related_name="allocations")
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="allocations")
@@ -240,7 +256,9 @@ class Allocation(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["bid", "tier"], name="allocation_unique_bid_tier"),
             models.CheckConstraint(condition=Q(gpus__gte=1), name="allocation_gpus_positive"),
-            models.CheckConstraint(condition=Q(charge__gte=0), name="allocation_charge_not_negative"),
+            models.CheckConstraint(
+                condition=Q(charge__gte=0), name="allocation_charge_not_negative"
+            ),
         ]
         indexes = [models.Index(fields=["status", "ends_at"])]
 
