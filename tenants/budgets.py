@@ -119,7 +119,11 @@ def budget_check(
         return BudgetDecision(False, f"campaign {campaign.name!r} is not running now")
     for budget in budgets_applicable(tenant=tenant, campaign=campaign, at=at):
         usage = budget_usage(budget=budget, at=at)
-        label = budget.campaign.name if budget.campaign_id else f"{budget.window}ly"
+        label = (
+            f"campaign {budget.campaign.name!r}"
+            if budget.campaign_id
+            else {"day": "daily", "week": "weekly", "month": "monthly"}[budget.window]
+        )
         if budget.mode == Budget.Mode.SAFE and usage.committed + amount > budget.cap:
             return BudgetDecision(
                 False,
