@@ -3,6 +3,8 @@
     GPUMARKET_URL=http://127.0.0.1:8000 GPUMARKET_TOKEN=gm_... \
         python docs/examples/pace_training_loop.py --steps 50
 
+(with the project installed, ``pip install -e .``; from a bare checkout, prefix PYTHONPATH=.)
+
 Each step reads the pace mode (the helper asks the server at most once per --min-interval
 seconds, so asking every step is free) and picks the step's settings from it: longer
 sequences and heavier augmentation only when the mode allows. The "training" here is a toy
