@@ -48,7 +48,7 @@ def chain_verify() -> ChainReport:
     for event in _iter_events():
         checked += 1
 
-        def bad(problem: str, event: AuditEvent = event) -> ChainReport:
+        def bad(problem: str, event: AuditEvent = event, checked: int = checked) -> ChainReport:
             return ChainReport(
                 checked=checked,
                 ok=False,

@@ -86,8 +86,6 @@ class CeleryWorker:
         return env
 
     def start(self) -> None:
-        import redis
-
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [
