@@ -172,6 +172,15 @@ GPUMARKET_PACE = {
     "history_seconds": env_int("GPUMARKET_PACE_HISTORY_SECONDS", 900),
 }
 
+# Rate-limit counters live in the cache: with several web processes it must be shared (Redis).
+CACHE_URL = os.environ.get("CACHE_URL", "")
+if CACHE_URL.startswith(("redis://", "rediss://")):
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
 # Celery. The default broker keeps messages in files under var/ so the demo needs no server.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
