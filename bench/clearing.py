@@ -106,7 +106,7 @@ def bare_welfare(inst: Instance, limit: float) -> float:
     return sol.seconds
 
 
-def recorded_calls(inst: Instance, policy: str) -> list:
+def recorded_calls(inst: Instance, policy: str, params: dict | None) -> list:
     """Clear once more while recording every solver call the policy makes."""
     calls: list = []
     if policy == "fisher":
@@ -118,7 +118,7 @@ def recorded_calls(inst: Instance, policy: str) -> list:
 
         cp.Problem.solve = spy
         try:
-            clear(inst, policy=policy)
+            clear(inst, policy=policy, params=params)
         finally:
             cp.Problem.solve = original
     else:
@@ -130,18 +130,18 @@ def recorded_calls(inst: Instance, policy: str) -> list:
 
         highs.solve = spy_highs
         try:
-            clear(inst, policy=policy)
+            clear(inst, policy=policy, params=params)
         finally:
             highs.solve = original
     return calls
 
 
-def bare_same_problem(inst: Instance, policy: str) -> float:
+def bare_same_problem(inst: Instance, policy: str, params: dict | None) -> float:
     """The policy's own solver calls run bare, from a fresh model each: a new cvxpy Problem
     over the same expressions (canonicalisation + Clarabel) for fisher, the same HiGHS
     model for maxmin."""
     total = 0.0
-    for call in recorded_calls(inst, policy):
+    for call in recorded_calls(inst, policy, params):
         start = time.perf_counter()
         if policy == "fisher":
             problem, kwargs = call
@@ -163,6 +163,9 @@ def main() -> None:
         "--max-fair-bids", type=int, default=10_000, help="skip fisher/maxmin above this many bids"
     )
     parser.add_argument("--gang-share", type=float, default=0.0, help="fraction of gang bids")
+    parser.add_argument(
+        "--time-limit", type=float, default=10.0, help="params.time_limit for welfare/maxmin, s"
+    )
     args = parser.parse_args()
     sizes = [tuple(int(v) for v in s.split(",")) for s in args.sizes] if args.sizes else SIZES
     cpu = next(
@@ -187,7 +190,8 @@ def main() -> None:
             if policy != "welfare" and bids > args.max_fair_bids:
                 print(f"{policy:8} {tenants:7} {bids:7} {tiers:5}  skipped (> --max-fair-bids)")
                 continue
-            r = clear(inst, policy=policy)
+            params = None if policy == "fisher" else {"time_limit": args.time_limit}
+            r = clear(inst, policy=policy, params=params)
             d = r.diagnostics
             if policy == "welfare":
                 try:
@@ -195,7 +199,7 @@ def main() -> None:
                 except SolverError:  # the direct LP hit --bare-limit
                     bare = math.inf
             else:
-                bare = bare_same_problem(inst, policy)
+                bare = bare_same_problem(inst, policy, params)
             bare_text = f"{bare:8.3f}" if bare < args.bare_limit else f">{args.bare_limit:7.0f}"
             print(
                 f"{policy:8} {tenants:7} {bids:7} {tiers:5} {d['build_seconds']:7.3f} "

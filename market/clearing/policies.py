@@ -1,8 +1,9 @@
 """The policy registry: name -> solver function and its documented parameters.
 
 Parameters (``policy.params`` in the instance JSON):
-- ``time_limit`` (seconds, default 10): wall-clock limit of each mixed-integer solve
-  (gang bids). welfare and maxmin.
+- ``time_limit`` (seconds, default 10): wall-clock limit of each solver call. A
+  mixed-integer solve (gang bids) that reaches it uses its incumbent or falls back; an LP
+  that reaches it raises SolverError. welfare (gang MILP) and maxmin (both stages).
 - ``values`` (``{tenant: {tier: credits per GPU-hour}}``, default: each tenant's best limit on
   the tier): the value a tenant puts on a GPU of a tier. fisher and maxmin; a tier the
   tenant did not bid on stays worth 0 to it.
