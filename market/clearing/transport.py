@@ -7,12 +7,13 @@ s.t. sum_{e in bid b} x_e <= room_b          (u_b >= 0)
      x >= 0
 
 A direct LP of a 100k-bid instance takes minutes (dual degeneracy), yet at the optimum
-almost every bid sits on one tier. So the master problem starts from each bid's best arc,
-and bids with a single arc in the master are merged into one column per
-(tier, capped group, limit): a handful of columns instead of 100k rows. Arcs with a positive
-reduced cost p_e - pi_t - gamma_g - u_b join the master until none is left, which proves
-optimality for the full LP. A merged column is shared out among its bids in bid-id order:
-that is the tie-break between equal limits.
+almost every bid sits on one tier. So the master problem holds few arcs, and bids with a
+single arc in it are merged into one column per (tier, capped group, limit): a few hundred
+columns instead of 100k rows. First, a few damped price-discovery rounds put each bid on its
+single best arc at the current prices (masters of merged columns only, milliseconds each).
+Then exact rounds: arcs with a positive reduced cost p_e - pi_t - gamma_g - u_b join the
+master until none is left, which proves optimality for the full LP. A merged column is
+shared out among its bids in bid-id order: that is the tie-break between equal limits.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from . import highs
 from .market import EPS, OpenMarket, segment_starts
 
 MAX_ROUNDS = 40
-PRUNE_ROUNDS = 6  # rounds that may also drop columns; later rounds only add
+WARM_ROUNDS = 4  # single-arc price-discovery rounds before the exact ones
+PRUNE_ROUNDS = 10  # rounds that may also drop columns; later rounds only add
 
 
 @dataclass(frozen=True)
@@ -108,21 +110,31 @@ def solve_welfare(m: OpenMarket) -> WelfareSolution:
     if not live.any():
         return WelfareSolution(x, 0.0, 0)
     idx = np.flatnonzero(live)
-    bid = m.arc_bid[idx]
-    starts = segment_starts(bid)
-    best = np.maximum.reduceat(m.arc_price[idx], starts)
-    first_best = np.ones(idx.size, dtype=bool)
-    is_best = m.arc_price[idx] >= np.repeat(best, np.diff(np.append(starts, idx.size)))
-    # Among equal best limits keep the first tier (arcs are sorted by tier within a bid).
-    rank = np.cumsum(is_best) - np.repeat(
-        np.cumsum(is_best)[starts] - is_best[starts], np.diff(np.append(starts, idx.size))
-    )
-    first_best = is_best & (rank == 1)
-    in_master = np.zeros(E, dtype=bool)
-    in_master[idx[first_best]] = True
-
     seconds, rounds = 0.0, 0
     pi = np.zeros(T)
+    gam = np.zeros(E)
+    # Cheap price discovery first: each bid on its single best arc at the current prices
+    # gives a master of a few hundred merged columns; a few such rounds bring the prices
+    # close, so the exact rounds below start with few bids torn between tiers.
+    for _ in range(WARM_ROUNDS):
+        in_master = np.zeros(E, dtype=bool)
+        in_master[_first_best(m, idx, m.arc_price[idx] - pi[m.arc_tier[idx]] - gam[idx])] = True
+        sol, lay = _master(m, np.flatnonzero(in_master))
+        seconds += sol.seconds
+        rounds += 1
+        new_pi = np.maximum(sol.row_dual[:T], 0.0)
+        pi = 0.5 * (pi + new_pi)  # damped: a full step makes the bids swing between tiers
+        gamma = np.zeros(m.group_room.size)
+        gamma[lay["groups"]] = np.maximum(sol.row_dual[T : T + lay["n_groups"]], 0.0)
+        gam = np.where(m.arc_capped >= 0, gamma[np.maximum(m.arc_capped, 0)], 0.0)
+    reduced0 = m.arc_price - pi[m.arc_tier] - gam
+    in_master = np.zeros(E, dtype=bool)
+    in_master[_first_best(m, idx, reduced0[idx])] = True
+    tol0 = 1e-7 * (1.0 + np.abs(m.arc_price))
+    best0 = np.zeros(B)
+    np.maximum.at(best0, m.arc_bid[idx], reduced0[idx])
+    in_master |= live & (reduced0 >= best0[m.arc_bid] - tol0) & (reduced0 > -tol0)
+
     gamma = np.zeros(m.group_room.size)
     while True:
         rounds += 1
@@ -151,6 +163,18 @@ def solve_welfare(m: OpenMarket) -> WelfareSolution:
             in_master = live & ((x > EPS) | (reduced > -tol))
         else:
             in_master |= enter
+
+
+def _first_best(m: OpenMarket, idx: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Arc indices: per bid among ``idx`` (sorted by bid), the first arc with the top score."""
+    bid = m.arc_bid[idx]
+    starts = segment_starts(bid)
+    runs = np.diff(np.append(starts, idx.size))
+    top = np.repeat(np.maximum.reduceat(score, starts), runs)
+    is_best = score >= top
+    count = np.cumsum(is_best)
+    rank = count - np.repeat(count[starts] - is_best[starts], runs)
+    return idx[is_best & (rank == 1)]
 
 
 def _arc_flow(m: OpenMarket, flow: np.ndarray, lay: dict) -> np.ndarray:
