@@ -156,6 +156,14 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
         missing = [t for t in tiers if t not in job.throughput]
         if missing:
             raise SimulationError(f"job {job.id} has no throughput for tier(s) {missing}")
+    if not config.divisible:
+        too_big = [j for j in jobs if j.scale > sum(tiers.values())]
+        if too_big:
+            raise SimulationError(
+                f"{len(too_big)} job(s) need more GPUs at once than the tiers offer in all "
+                f"({sum(tiers.values())}), e.g. job {too_big[0].id} needs {too_big[0].scale}; with "
+                "whole GPUs they could never run: offer more GPUs, or clear divisibly"
+            )
     round_seconds = config.round_minutes * 60.0
     capacity = float(sum(tiers.values()))
     weights = config.weights or tuple([1] * config.tenants)
@@ -249,6 +257,99 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
         )
         active = still_active
         clock += 1
+        if active and not any(outcome.gpus.values()) and next_arrival == len(order):
+            # Nothing ran and nothing will arrive: the same jobs would bid the same way in
+            # every later round, so the simulation would never end.
+            stuck = sorted(active, key=lambda j: j.id)[:5]
+            raise SimulationError(
+                f"{len(active)} job(s) can never be served under {policy}, e.g. "
+                + ", ".join(f"job {j.id} ({j.job_type}, {j.scale} GPUs at once)" for j in stuck)
+                + "; offer more GPUs, or clear divisibly (without --whole-gpus)"
+            )
+        start = clock * round_seconds
+        while next_arrival < len(order) and order[next_arrival].arrival <= start:
+            active.append(order[next_arrival])
+            next_arrival += 1
+        if not active:
+            clock += 1
+            continue
+        if config.max_rounds is not None and len(records) >= config.max_rounds:
+            break
+
+        demands = [
+            Demand(job=j, limits=limit_prices(j, tiers), weight=weights[j.tenant]) for j in active
+        ]
+        t0 = time.perf_counter()
+        outcome: RoundAllocation = allocate(
+            demands=demands,
+            tiers=tiers,
+            hours=hours,
+            tenants=config.tenants,
+            weights=weights,
+            reserve=config.reserve,
+            max_share_pct=config.max_share_pct,
+            params=config.params,
+            divisible=config.divisible,
+        )
+        solve_seconds = time.perf_counter() - t0
+
+        busy = 0.0
+        allocated = {t: 0.0 for t in tiers}
+        tenant_gpus: dict[int, float] = {}
+        tenant_demand: dict[int, int] = {}
+        spend: dict[int, int] = {}
+        still_active: list[Job] = []
+        for job in active:
+            tenant_demand[job.tenant] = tenant_demand.get(job.tenant, 0) + job.scale
+            gpus = {t: x for t, x in outcome.gpus.get(job.id, {}).items() if x > 1e-9}
+            rate = job.rate(gpus)
+            used_seconds = round_seconds
+            if rate > 0:
+                first_run.setdefault(job.id, start)
+                if remaining[job.id] <= rate * round_seconds:
+                    used_seconds = remaining[job.id] / rate
+                    finish[job.id] = start + used_seconds
+                    remaining[job.id] = 0.0
+                else:
+                    remaining[job.id] -= rate * round_seconds
+            for t, x in gpus.items():
+                allocated[t] += x
+                busy += x * used_seconds
+                tenant_gpus[job.tenant] = tenant_gpus.get(job.tenant, 0.0) + x
+            charge = outcome.charges.get(job.id, 0)
+            if charge:
+                spend_by_job[job.id] += charge
+                spend[job.tenant] = spend.get(job.tenant, 0) + charge
+            if job.id not in finish:
+                still_active.append(job)
+        records.append(
+            RoundRecord(
+                start=start,
+                waiting_jobs=len(active),
+                demand={str(i): d for i, d in sorted(tenant_demand.items())},
+                allocated=allocated,
+                busy_gpu_seconds=busy,
+                tenant_gpus=tenant_gpus,
+                prices=dict(outcome.prices),
+                spend=spend,
+                jain=_round_jain(tenant_gpus, tenant_demand, capacity),
+                solve_seconds=solve_seconds,
+                notes=outcome.notes,
+            )
+        )
+        active = still_active
+        clock += 1
+        if active and not any(outcome.gpus.values()):
+            # Nothing ran: the same jobs bid the same way next round, so only an arrival can
+            # change the outcome. Jump to it, or stop if none is left.
+            if next_arrival == len(order):
+                stuck = sorted(active, key=lambda j: j.id)[:5]
+                raise SimulationError(
+                    f"{len(active)} job(s) can never be served under {policy}, e.g. "
+                    + ", ".join(f"job {j.id} ({j.job_type}, {j.scale} GPUs at once)" for j in stuck)
+                    + "; offer more GPUs, or clear divisibly (without --whole-gpus)"
+                )
+            clock = max(clock, math.ceil(order[next_arrival].arrival / round_seconds))
 
     outcomes = []
     for job in order:

@@ -182,3 +182,22 @@ def test_max_rounds_stops_early_and_reports_unfinished(head_jobs):
     summary = summarise(result)
     assert summary.rounds == 2
     assert summary.finished < summary.jobs
+
+
+def test_whole_gpus_refuse_a_gang_larger_than_the_cluster():
+    big = job(0, steps=10, arrival=0, tenant=0, v100=1.0, k80=1.0, scale=8)
+    config = SimConfig(tiers={"v100": 2, "k80": 2}, tenants=1, divisible=False)
+    with pytest.raises(
+        SimulationError, match="job 0 needs 8; with whole GPUs they could never run"
+    ):
+        simulate([big], policy="welfare", config=config)
+
+
+def test_a_job_that_can_never_be_served_stops_the_simulation_with_a_reason():
+    # A 2-GPU gang, whole GPUs, and a share cap of 1 GPU per tenant: it can never run.
+    gang = job(0, steps=10, arrival=0, tenant=0, v100=1.0, k80=1.0, scale=2)
+    config = SimConfig(tiers={"v100": 2}, tenants=1, divisible=False, max_share_pct={"v100": 50})
+    with pytest.raises(
+        SimulationError, match=r"1 job\(s\) can never be served under welfare, e.g. job 0"
+    ):
+        simulate([gang], policy="welfare", config=config)
