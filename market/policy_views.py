@@ -186,6 +186,10 @@ def policy_replay(request: HttpRequest, number: int) -> HttpResponse:
 @staff_required
 def round_void_view(request: HttpRequest, pk: int) -> HttpResponse:
     rnd = get_object_or_404(Round.objects.select_related("policy"), pk=pk)
+    if rnd.status == Round.Status.VOIDED:
+        reason = rnd.failure_reason.removeprefix("voided: ")
+        messages.info(request, f"Round {rnd.pk} was already voided: {reason}")
+        return redirect("policy_list")
     form = VoidForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
