@@ -31,9 +31,8 @@ ENFORCE_SECONDS = 1.5
 # "Within three enforcement intervals": the agent reports a process within one agent
 # interval, and picks up the directive with its next post.
 WITHIN = 3 * ENFORCE_SECONDS + 2 * AGENT_SECONDS
-# The issue speaks of an outage of about a minute; ten seconds exercise the same backlog and
-# backoff path and keep the suite fast.
-OUTAGE_SECONDS = 10
+# A server outage of a minute, as an operator would see during a restart or failover.
+OUTAGE_SECONDS = 60
 
 
 @pytest.fixture
@@ -207,7 +206,7 @@ def test_agent_survives_an_outage_and_delivers_its_backlog(server, agent_factory
     def outage_delivered() -> bool:
         return Sample.objects.filter(gpu__node=node, at__gt=up_at + timedelta(seconds=2)).exists()
 
-    assert wait_until(outage_delivered, timeout=90), agent.log()
+    assert wait_until(outage_delivered, timeout=120), agent.log()
     assert agent.alive
     log = agent.log()
     assert "server unavailable" in log  # it did see the outage
