@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from market.simulator.errors import SimulationError
@@ -143,6 +144,95 @@ def _round_jain(
     return jain_index(shares)
 
 
+@dataclass
+class _Progress:
+    """What the rounds have done to the jobs so far, by job id."""
+
+    remaining: dict[int, float]  # steps still to run
+    first_run: dict[int, float] = field(default_factory=dict)  # seconds
+    finish: dict[int, float] = field(default_factory=dict)  # seconds
+    spend: dict[int, int] = field(default_factory=dict)  # milli-credits
+
+
+def _round_play(
+    *,
+    active: list[Job],
+    start: float,
+    allocate: Callable[..., RoundAllocation],
+    tiers: Tiers,
+    config: SimConfig,
+    weights: tuple[int, ...],
+    progress: _Progress,
+) -> tuple[RoundRecord, RoundAllocation, list[Job]]:
+    """Clear one round for the ``active`` jobs and advance them through it.
+
+    Updates ``progress`` in place; returns the round's record, the policy's allocation and the
+    jobs still unfinished at the end of the round.
+    """
+    round_seconds = config.round_minutes * 60.0
+    demands = [
+        Demand(job=j, limits=limit_prices(j, tiers), weight=weights[j.tenant]) for j in active
+    ]
+    t0 = time.perf_counter()
+    outcome: RoundAllocation = allocate(
+        demands=demands,
+        tiers=tiers,
+        hours=round_seconds / 3600.0,
+        tenants=config.tenants,
+        weights=weights,
+        reserve=config.reserve,
+        max_share_pct=config.max_share_pct,
+        params=config.params,
+        divisible=config.divisible,
+    )
+    solve_seconds = time.perf_counter() - t0
+
+    remaining = progress.remaining
+    busy = 0.0
+    allocated = {t: 0.0 for t in tiers}
+    tenant_gpus: dict[int, float] = {}
+    tenant_demand: dict[int, int] = {}
+    spend: dict[int, int] = {}
+    still_active: list[Job] = []
+    for job in active:
+        tenant_demand[job.tenant] = tenant_demand.get(job.tenant, 0) + job.scale
+        gpus = {t: x for t, x in outcome.gpus.get(job.id, {}).items() if x > 1e-9}
+        rate = job.rate(gpus)
+        used_seconds = round_seconds
+        if rate > 0:
+            progress.first_run.setdefault(job.id, start)
+            if remaining[job.id] <= rate * round_seconds:
+                used_seconds = remaining[job.id] / rate
+                progress.finish[job.id] = start + used_seconds
+                remaining[job.id] = 0.0
+            else:
+                remaining[job.id] -= rate * round_seconds
+        for t, x in gpus.items():
+            allocated[t] += x
+            busy += x * used_seconds
+            tenant_gpus[job.tenant] = tenant_gpus.get(job.tenant, 0.0) + x
+        charge = outcome.charges.get(job.id, 0)
+        if charge:
+            progress.spend[job.id] += charge
+            spend[job.tenant] = spend.get(job.tenant, 0) + charge
+        if job.id not in progress.finish:
+            still_active.append(job)
+    record = RoundRecord(
+        start=start,
+        waiting_jobs=len(active),
+        demand={str(i): d for i, d in sorted(tenant_demand.items())},
+        allocated=allocated,
+        busy_gpu_seconds=busy,
+        tenant_gpus=tenant_gpus,
+        prices=dict(outcome.prices),
+        spend=spend,
+        jain=_round_jain(tenant_gpus, tenant_demand, float(sum(tiers.values()))),
+        solve_seconds=solve_seconds,
+        notes=outcome.notes,
+    )
+    return record, outcome, still_active
+
+
 def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
     """Replay ``jobs`` under ``policy`` and return per-job and per-round outcomes."""
     config.validate()
@@ -165,15 +255,12 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
                 "whole GPUs they could never run: offer more GPUs, or clear divisibly"
             )
     round_seconds = config.round_minutes * 60.0
-    capacity = float(sum(tiers.values()))
     weights = config.weights or tuple([1] * config.tenants)
-    hours = round_seconds / 3600.0
 
     order = sorted(jobs, key=lambda j: (j.arrival, j.id))
-    remaining = {j.id: float(j.steps) for j in order}
-    first_run: dict[int, float] = {}
-    finish: dict[int, float] = {}
-    spend_by_job: dict[int, int] = {j.id: 0 for j in order}
+    progress = _Progress(
+        remaining={j.id: float(j.steps) for j in order}, spend={j.id: 0 for j in order}
+    )
     records: list[RoundRecord] = []
     next_arrival = 0
     active: list[Job] = []
@@ -194,150 +281,16 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
         if config.max_rounds is not None and len(records) >= config.max_rounds:
             break
 
-        demands = [
-            Demand(job=j, limits=limit_prices(j, tiers), weight=weights[j.tenant]) for j in active
-        ]
-        t0 = time.perf_counter()
-        outcome: RoundAllocation = allocate(
-            demands=demands,
+        record, outcome, active = _round_play(
+            active=active,
+            start=start,
+            allocate=allocate,
             tiers=tiers,
-            hours=hours,
-            tenants=config.tenants,
+            config=config,
             weights=weights,
-            reserve=config.reserve,
-            max_share_pct=config.max_share_pct,
-            params=config.params,
-            divisible=config.divisible,
+            progress=progress,
         )
-        solve_seconds = time.perf_counter() - t0
-
-        busy = 0.0
-        allocated = {t: 0.0 for t in tiers}
-        tenant_gpus: dict[int, float] = {}
-        tenant_demand: dict[int, int] = {}
-        spend: dict[int, int] = {}
-        still_active: list[Job] = []
-        for job in active:
-            tenant_demand[job.tenant] = tenant_demand.get(job.tenant, 0) + job.scale
-            gpus = {t: x for t, x in outcome.gpus.get(job.id, {}).items() if x > 1e-9}
-            rate = job.rate(gpus)
-            used_seconds = round_seconds
-            if rate > 0:
-                first_run.setdefault(job.id, start)
-                if remaining[job.id] <= rate * round_seconds:
-                    used_seconds = remaining[job.id] / rate
-                    finish[job.id] = start + used_seconds
-                    remaining[job.id] = 0.0
-                else:
-                    remaining[job.id] -= rate * round_seconds
-            for t, x in gpus.items():
-                allocated[t] += x
-                busy += x * used_seconds
-                tenant_gpus[job.tenant] = tenant_gpus.get(job.tenant, 0.0) + x
-            charge = outcome.charges.get(job.id, 0)
-            if charge:
-                spend_by_job[job.id] += charge
-                spend[job.tenant] = spend.get(job.tenant, 0) + charge
-            if job.id not in finish:
-                still_active.append(job)
-        records.append(
-            RoundRecord(
-                start=start,
-                waiting_jobs=len(active),
-                demand={str(i): d for i, d in sorted(tenant_demand.items())},
-                allocated=allocated,
-                busy_gpu_seconds=busy,
-                tenant_gpus=tenant_gpus,
-                prices=dict(outcome.prices),
-                spend=spend,
-                jain=_round_jain(tenant_gpus, tenant_demand, capacity),
-                solve_seconds=solve_seconds,
-                notes=outcome.notes,
-            )
-        )
-        active = still_active
-        clock += 1
-        if active and not any(outcome.gpus.values()) and next_arrival == len(order):
-            # Nothing ran and nothing will arrive: the same jobs would bid the same way in
-            # every later round, so the simulation would never end.
-            stuck = sorted(active, key=lambda j: j.id)[:5]
-            raise SimulationError(
-                f"{len(active)} job(s) can never be served under {policy}, e.g. "
-                + ", ".join(f"job {j.id} ({j.job_type}, {j.scale} GPUs at once)" for j in stuck)
-                + "; offer more GPUs, or clear divisibly (without --whole-gpus)"
-            )
-        start = clock * round_seconds
-        while next_arrival < len(order) and order[next_arrival].arrival <= start:
-            active.append(order[next_arrival])
-            next_arrival += 1
-        if not active:
-            clock += 1
-            continue
-        if config.max_rounds is not None and len(records) >= config.max_rounds:
-            break
-
-        demands = [
-            Demand(job=j, limits=limit_prices(j, tiers), weight=weights[j.tenant]) for j in active
-        ]
-        t0 = time.perf_counter()
-        outcome: RoundAllocation = allocate(
-            demands=demands,
-            tiers=tiers,
-            hours=hours,
-            tenants=config.tenants,
-            weights=weights,
-            reserve=config.reserve,
-            max_share_pct=config.max_share_pct,
-            params=config.params,
-            divisible=config.divisible,
-        )
-        solve_seconds = time.perf_counter() - t0
-
-        busy = 0.0
-        allocated = {t: 0.0 for t in tiers}
-        tenant_gpus: dict[int, float] = {}
-        tenant_demand: dict[int, int] = {}
-        spend: dict[int, int] = {}
-        still_active: list[Job] = []
-        for job in active:
-            tenant_demand[job.tenant] = tenant_demand.get(job.tenant, 0) + job.scale
-            gpus = {t: x for t, x in outcome.gpus.get(job.id, {}).items() if x > 1e-9}
-            rate = job.rate(gpus)
-            used_seconds = round_seconds
-            if rate > 0:
-                first_run.setdefault(job.id, start)
-                if remaining[job.id] <= rate * round_seconds:
-                    used_seconds = remaining[job.id] / rate
-                    finish[job.id] = start + used_seconds
-                    remaining[job.id] = 0.0
-                else:
-                    remaining[job.id] -= rate * round_seconds
-            for t, x in gpus.items():
-                allocated[t] += x
-                busy += x * used_seconds
-                tenant_gpus[job.tenant] = tenant_gpus.get(job.tenant, 0.0) + x
-            charge = outcome.charges.get(job.id, 0)
-            if charge:
-                spend_by_job[job.id] += charge
-                spend[job.tenant] = spend.get(job.tenant, 0) + charge
-            if job.id not in finish:
-                still_active.append(job)
-        records.append(
-            RoundRecord(
-                start=start,
-                waiting_jobs=len(active),
-                demand={str(i): d for i, d in sorted(tenant_demand.items())},
-                allocated=allocated,
-                busy_gpu_seconds=busy,
-                tenant_gpus=tenant_gpus,
-                prices=dict(outcome.prices),
-                spend=spend,
-                jain=_round_jain(tenant_gpus, tenant_demand, capacity),
-                solve_seconds=solve_seconds,
-                notes=outcome.notes,
-            )
-        )
-        active = still_active
+        records.append(record)
         clock += 1
         if active and not any(outcome.gpus.values()):
             # Nothing ran: the same jobs bid the same way next round, so only an arrival can
@@ -360,10 +313,10 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
         outcomes.append(
             JobOutcome(
                 job=job,
-                first_run=first_run.get(job.id),
-                finish=finish.get(job.id),
+                first_run=progress.first_run.get(job.id),
+                finish=progress.finish.get(job.id),
                 isolated=isolated,
-                spend=spend_by_job[job.id],
+                spend=progress.spend[job.id],
             )
         )
     return SimResult(
