@@ -19,7 +19,7 @@ from django.db import transaction
 import audit.services as audit
 from market.errors import MarketError
 from market.models import Allocation, Bid, Round
-from market.services._common import now_or
+from market.services._common import now_or, round_notices_send
 from tenants.errors import TenantError
 from tenants.ledger import credits, credits_refund
 from tenants.models import Notification
@@ -112,32 +112,23 @@ def round_void(
     rnd.save(update_fields=["status", "failure_reason"])
 
     total = sum(refunded.values())
-    notices = [
-        Notification(
-            tenant=None,
-            level=Notification.Level.WARNING,
-            kind="round_voided",
-            message=(
-                f"Round {rnd.pk} was voided: {credits(total)} credits refunded to "
-                f"{len(refunded)} tenant(s), {len(revoked)} allocation(s) revoked. Reason: {reason}"
-            )[:500],
-            dedupe_key=f"round-voided:{rnd.pk}",
-        )
-    ]
-    notices += [
-        Notification(
-            tenant=tenant,
-            level=Notification.Level.WARNING,
-            kind="round_voided",
-            message=(
-                f"Round {rnd.pk} was voided and its charges of {credits(refunded[tenant.pk])} credits "
-                f"were refunded to your balance; work on its GPUs is being stopped. Reason: {reason}"
-            )[:500],
-            dedupe_key=f"round-voided:{rnd.pk}:{tenant.pk}",
-        )
-        for tenant in tenants.values()
-    ]
-    Notification.objects.bulk_create(notices, ignore_conflicts=True)
+    round_notices_send(
+        rnd=rnd,
+        kind="round_voided",
+        admin_level=Notification.Level.WARNING,
+        admin_message=(
+            f"Round {rnd.pk} was voided: {credits(total)} credits refunded to "
+            f"{len(refunded)} tenant(s), {len(revoked)} allocation(s) revoked. Reason: {reason}"
+        ),
+        tenant_messages={
+            tenant: (
+                f"Round {rnd.pk} was voided and its charges of {credits(refunded[tenant.pk])} "
+                f"credits were refunded to your balance; work on its GPUs is being stopped. "
+                f"Reason: {reason}"
+            )
+            for tenant in tenants.values()
+        },
+    )
     audit.record(
         actor=actor,
         action="round.void",

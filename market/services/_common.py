@@ -1,13 +1,20 @@
-"""Small helpers shared by the market services: money arithmetic and argument checks."""
+"""Small helpers shared by the market services: money arithmetic, argument checks and round
+notices."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
 from market.errors import MarketError
+from tenants.models import Notification
+
+if TYPE_CHECKING:
+    from market.models import Round
+    from tenants.models import Tenant
 
 SECONDS_PER_HOUR = 3600
 # Milli-credits per GPU-hour. A million credits per GPU-hour is far above any real price and
@@ -46,3 +53,39 @@ def cost_floor(*, gpus: int, price: int, seconds: int) -> int:
     """The same product rounded DOWN: used for charges, so the sum of a winner's charges over
     several tiers can never exceed its escrow and a sub-milli-credit remainder favours the buyer."""
     return (gpus * price * seconds) // SECONDS_PER_HOUR
+
+
+def round_notices_send(
+    *,
+    rnd: Round,
+    kind: str,
+    admin_level: str,
+    admin_message: str,
+    tenant_messages: Mapping[Tenant, str],
+) -> None:
+    """One notice of ``kind`` for the admins and one (a warning) for each tenant given.
+
+    Dedupe keys are ``<kind with hyphens>:<round>`` and ``...:<tenant>``, so a service retried
+    after a crash sends nothing twice. Messages are cut to the 500 characters a notice holds.
+    """
+    key = f"{kind.replace('_', '-')}:{rnd.pk}"
+    notices = [
+        Notification(
+            tenant=None,
+            level=admin_level,
+            kind=kind,
+            message=admin_message[:500],
+            dedupe_key=key,
+        )
+    ]
+    notices += [
+        Notification(
+            tenant=tenant,
+            level=Notification.Level.WARNING,
+            kind=kind,
+            message=message[:500],
+            dedupe_key=f"{key}:{tenant.pk}",
+        )
+        for tenant, message in tenant_messages.items()
+    ]
+    Notification.objects.bulk_create(notices, ignore_conflicts=True)

@@ -12,7 +12,7 @@ from django.db import transaction
 import audit.services as audit
 from market.errors import MarketError
 from market.models import Allocation, Bid, BidLimit, Round, Tier
-from market.services._common import cost_floor, now_or
+from market.services._common import cost_floor, now_or, round_notices_send
 from market.services.bids import window_seconds
 from tenants.ledger import credits, credits_charge, credits_release
 from tenants.models import Notification
@@ -183,31 +183,20 @@ def round_fail(
     rnd.status = Round.Status.FAILED
     rnd.failure_reason = reason[:500]
     rnd.save(update_fields=["status", "failure_reason"])
-    message = f"Round {rnd.pk} failed and every bid in it was refunded: {reason}"[:500]
-    notices = [
-        Notification(
-            tenant=None,
-            level=Notification.Level.CRITICAL,
-            kind="round_failed",
-            message=message,
-            dedupe_key=f"round-failed:{rnd.pk}",
-        )
-    ]
     tenants = {bid.tenant_id: bid.tenant for bid in bids}
-    notices += [
-        Notification(
-            tenant=tenant,
-            level=Notification.Level.WARNING,
-            kind="round_failed",
-            message=(
+    round_notices_send(
+        rnd=rnd,
+        kind="round_failed",
+        admin_level=Notification.Level.CRITICAL,
+        admin_message=f"Round {rnd.pk} failed and every bid in it was refunded: {reason}",
+        tenant_messages={
+            tenant: (
                 f"Round {rnd.pk} failed; {credits(refunded[tenant.pk])} credits of escrow were "
                 f"released back to your balance. Reason: {reason}"
-            )[:500],
-            dedupe_key=f"round-failed:{rnd.pk}:{tenant.pk}",
-        )
-        for tenant in tenants.values()
-    ]
-    Notification.objects.bulk_create(notices, ignore_conflicts=True)
+            )
+            for tenant in tenants.values()
+        },
+    )
     audit.record(
         actor=actor,
         action="round.fail",
