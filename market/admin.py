@@ -6,6 +6,7 @@ allocations are read-only here: they change only through the market's own flow."
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from django import forms
 from django.contrib import admin, messages
@@ -174,35 +175,35 @@ class PolicyVersionAdmin(admin.ModelAdmin):
             setattr(obj, field.attname, getattr(created, field.attname))
         obj._state.adding = False
 
-    def _one(self, request: HttpRequest, queryset: QuerySet) -> PolicyVersion | None:
+    def _act_on_one(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet,
+        service: Callable[..., PolicyVersion | None],
+        done: str,
+    ) -> None:
+        """Run ``service(version=, actor=)`` on the one selected version; ``done`` follows
+        "v<number> " in the success message."""
         if queryset.count() != 1:
             self.message_user(request, "Select exactly one version.", messages.ERROR)
-            return None
-        return queryset.get()
+            return
+        version = queryset.get()
+        try:
+            service(version=version, actor=request.user)
+        except MarketError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        else:
+            self.message_user(request, f"v{version.number} {done}")
 
     @admin.action(description="Activate the selected version (the active one is retired)")
     def activate(self, request, queryset):
-        version = self._one(request, queryset)
-        if version is None:
-            return
-        try:
-            policy_activate(version=version, actor=request.user)
-        except MarketError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
-        else:
-            self.message_user(request, f"v{version.number} is active from the next round opened.")
+        self._act_on_one(
+            request, queryset, policy_activate, "is active from the next round opened."
+        )
 
     @admin.action(description="Run the selected draft in shadow")
     def shadow(self, request, queryset):
-        version = self._one(request, queryset)
-        if version is None:
-            return
-        try:
-            policy_shadow_set(version=version, actor=request.user)
-        except MarketError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
-        else:
-            self.message_user(request, f"v{version.number} now clears every round in shadow.")
+        self._act_on_one(request, queryset, policy_shadow_set, "now clears every round in shadow.")
 
     @admin.action(description="Stop running any version in shadow")
     def stop_shadow(self, request, queryset):

@@ -6,6 +6,8 @@ Each view parses and authorises, calls one service or selector, and renders.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -94,30 +96,35 @@ def policy_edit(request: HttpRequest, number: int | None = None) -> HttpResponse
     return render(request, "market/policy/edit.html", {"form": form, "base": base})
 
 
-@staff_required
-@require_POST
-def policy_activate_view(request: HttpRequest, number: int) -> HttpResponse:
+def _version_action(
+    request: HttpRequest,
+    number: int,
+    service: Callable[..., PolicyVersion | None],
+    done: str,
+) -> HttpResponse:
+    """Run ``service(version=, actor=)`` on version ``number``; ``done`` follows "v<number> "."""
     version = _version(number)
     try:
-        policy_activate(version=version, actor=request.user)
+        service(version=version, actor=request.user)
     except MarketError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"v{version.number} is active from the next round opened.")
+        messages.success(request, f"v{version.number} {done}")
     return redirect("policy_detail", number=version.number)
+
+
+@staff_required
+@require_POST
+def policy_activate_view(request: HttpRequest, number: int) -> HttpResponse:
+    return _version_action(
+        request, number, policy_activate, "is active from the next round opened."
+    )
 
 
 @staff_required
 @require_POST
 def policy_shadow_view(request: HttpRequest, number: int) -> HttpResponse:
-    version = _version(number)
-    try:
-        policy_shadow_set(version=version, actor=request.user)
-    except MarketError as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, f"v{version.number} now clears every round in shadow.")
-    return redirect("policy_detail", number=version.number)
+    return _version_action(request, number, policy_shadow_set, "now clears every round in shadow.")
 
 
 @staff_required
