@@ -4,8 +4,8 @@ The optimal dual prices form a lattice; its least element is the smallest unifor
 per tier at which the allocation is an equilibrium. On the residual network of an optimal
 flow (source -> bid -> [capped group] -> tier -> sink) the dual potentials are exactly the
 solutions of the difference constraints Q_j >= Q_i + profit for every residual arc, so the
-least potentials are longest-path distances from the source, found by Bellman-Ford rounds,
-each one vectorised over all arcs. A simple path meets each tier at most once, so the
+least potentials are longest-path distances from the source, found by label-correcting
+rounds (relax every arc, repeat), each one vectorised over all arcs. A simple path meets each tier at most once, so the
 rounds stop after a few times T.
 """
 
