@@ -50,7 +50,12 @@ PRICE_HISTORY_ROUNDS = 48
 
 
 def _last_cleared_round() -> Round | None:
-    return Round.objects.filter(status__in=CLEARED).select_related("policy").order_by("-starts_at").first()
+    return (
+        Round.objects.filter(status__in=CLEARED)
+        .select_related("policy")
+        .order_by("-starts_at")
+        .first()
+    )
 
 
 def _active_policy() -> PolicyVersion | None:
@@ -111,7 +116,9 @@ def market_overview(request: HttpRequest) -> HttpResponse:
             "round": rnd,
             "last": last,
             "tiers": tiers,
-            "price_chart": figure_html(price_history(series), element_id="price-history") if series else "",
+            "price_chart": figure_html(price_history(series), element_id="price-history")
+            if series
+            else "",
             "supply_demand_charts": _supply_demand_charts(last) if last else [],
         },
     )
@@ -140,7 +147,9 @@ def _preview(*, tenant, rnd: Round, form: BidForm) -> dict | None:
     )
     now = timezone.now()
     budgets = []
-    for budget in budgets_applicable(tenant=tenant, campaign=form.cleaned_data.get("campaign"), at=now):
+    for budget in budgets_applicable(
+        tenant=tenant, campaign=form.cleaned_data.get("campaign"), at=now
+    ):
         usage = budget_usage(budget=budget, at=now)
         budgets.append({"usage": usage, "after": usage.remaining - escrow})
     balance = balance_get(tenant=tenant)
@@ -174,7 +183,11 @@ def bid_new(request: HttpRequest) -> HttpResponse:
             return render(request, "market/no_round.html")
         terms = _BidTerms(initial={"round": rnd.pk, "idempotency_key": uuid.uuid4().hex})
         return _bid_form_page(
-            request, tenant=tenant, rnd=rnd, form=BidForm(tiers=tiers, campaigns=campaigns), terms=terms
+            request,
+            tenant=tenant,
+            rnd=rnd,
+            form=BidForm(tiers=tiers, campaigns=campaigns),
+            terms=terms,
         )
     terms = _BidTerms(request.POST)
     if not terms.is_valid():
@@ -184,7 +197,11 @@ def bid_new(request: HttpRequest) -> HttpResponse:
     form = BidForm(request.POST, tiers=tiers, campaigns=campaigns)
     if "preview" in request.POST:
         return _bid_form_page(
-            request, tenant=tenant, rnd=rnd, form=form, terms=terms,
+            request,
+            tenant=tenant,
+            rnd=rnd,
+            form=form,
+            terms=terms,
             preview=_preview(tenant=tenant, rnd=rnd, form=form),
         )
     if form.is_valid():
@@ -202,10 +219,16 @@ def bid_new(request: HttpRequest) -> HttpResponse:
         except MarketError as exc:
             form.add_error(None, str(exc))
         else:
-            messages.success(request, f"Bid {bid.pk} placed: {bid.escrow / 1000:,.3f} credits held in escrow.")
+            messages.success(
+                request, f"Bid {bid.pk} placed: {bid.escrow / 1000:,.3f} credits held in escrow."
+            )
             return redirect("bid_detail", pk=bid.pk)
     return _bid_form_page(
-        request, tenant=tenant, rnd=rnd, form=form, terms=terms,
+        request,
+        tenant=tenant,
+        rnd=rnd,
+        form=form,
+        terms=terms,
         preview=_preview(tenant=tenant, rnd=rnd, form=form) if form.is_valid() else None,
         status=400,
     )
@@ -222,7 +245,9 @@ def bid_preview(request: HttpRequest) -> HttpResponse:
     rnd = get_object_or_404(Round, pk=terms.cleaned_data["round"])
     form = BidForm(request.POST, tiers=tiers_offered(), campaigns=_tenant_campaigns(tenant))
     return render(
-        request, "market/_bid_preview.html", {"preview": _preview(tenant=tenant, rnd=rnd, form=form)}
+        request,
+        "market/_bid_preview.html",
+        {"preview": _preview(tenant=tenant, rnd=rnd, form=form)},
     )
 
 
@@ -313,7 +338,10 @@ def spend(request: HttpRequest) -> HttpResponse:
     signed = {Transfer.Kind.CHARGE: 1, Transfer.Kind.REFUND: -1}
     rows = (
         scoped(Transfer.objects, tenant=tenant)
-        .filter(kind__in=list(signed), created_at__gte=datetime.combine(start, datetime.min.time(), tzinfo=UTC))
+        .filter(
+            kind__in=list(signed),
+            created_at__gte=datetime.combine(start, datetime.min.time(), tzinfo=UTC),
+        )
         .annotate(day=TruncDate("created_at", tzinfo=UTC))
         .values("day", "kind")
         .annotate(total=Sum("amount"))
@@ -321,7 +349,9 @@ def spend(request: HttpRequest) -> HttpResponse:
     per_day: dict = defaultdict(int)
     for row in rows:
         per_day[row["day"]] += signed[row["kind"]] * row["total"]
-    budgets = list(scoped(Budget.objects.filter(active=True), tenant=tenant).select_related("campaign"))
+    budgets = list(
+        scoped(Budget.objects.filter(active=True), tenant=tenant).select_related("campaign")
+    )
     caps = {b.get_window_display(): b.cap for b in budgets if b.window == Budget.Window.MONTH}
     daily_cap = next((b.cap for b in budgets if b.window == Budget.Window.DAY), None)
     fig = spend_over_time(
@@ -352,7 +382,8 @@ def _tiers_page(request, *, create_form=None, forms_by_pk=None, status=200):
     rows = []
     for tier in Tier.objects.order_by("slug"):
         form = (forms_by_pk or {}).get(tier.pk) or TierForm(
-            initial={name: getattr(tier, name) for name in TierForm.base_fields}, prefix=f"t{tier.pk}"
+            initial={name: getattr(tier, name) for name in TierForm.base_fields},
+            prefix=f"t{tier.pk}",
         )
         rows.append(
             {
@@ -365,7 +396,11 @@ def _tiers_page(request, *, create_form=None, forms_by_pk=None, status=200):
     return render(
         request,
         "market/staff_tiers.html",
-        {"rows": rows, "policy": policy, "create_form": create_form or TierCreateForm(prefix="new")},
+        {
+            "rows": rows,
+            "policy": policy,
+            "create_form": create_form or TierCreateForm(prefix="new"),
+        },
         status=status,
     )
 
@@ -416,7 +451,9 @@ def staff_rounds(request: HttpRequest) -> HttpResponse:
 def staff_round_detail(request: HttpRequest, pk: int) -> HttpResponse:
     rnd = get_object_or_404(Round.objects.select_related("policy", "shadow_policy"), pk=pk)
     allocations = list(
-        Allocation.objects.filter(round=rnd).select_related("tenant", "tier").order_by("tier__slug", "tenant__name")
+        Allocation.objects.filter(round=rnd)
+        .select_related("tenant", "tier")
+        .order_by("tier__slug", "tenant__name")
     )
     allocated: dict[str, int] = defaultdict(int)
     for a in allocations:
@@ -441,7 +478,8 @@ def staff_round_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "charts": charts,
             "prices": sorted(rnd.prices.items()),
             "capacities": sorted(rnd.capacities.items()),
-            "diagnostics": sorted(rnd.diagnostics.items()) if isinstance(rnd.diagnostics, dict) else [],
+            "diagnostics": sorted(rnd.diagnostics.items())
+            if isinstance(rnd.diagnostics, dict)
+            else [],
         },
     )
-
