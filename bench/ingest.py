@@ -176,7 +176,7 @@ def _copy_rate(rows: list[tuple]) -> float:
     from django.db import connection, transaction
 
     from telemetry.models import Sample
-    from telemetry.services import _SAMPLE_COLUMNS
+    from telemetry.services.ingest import _SAMPLE_COLUMNS
 
     statement = f"COPY {Sample._meta.db_table} ({', '.join(_SAMPLE_COLUMNS)}) FROM STDIN"
     started = time.perf_counter()
@@ -190,7 +190,7 @@ def _insert_rate(rows: list[tuple]) -> float:
     from django.db import transaction
 
     from telemetry.models import Sample
-    from telemetry.services import _SAMPLE_COLUMNS
+    from telemetry.services.ingest import _SAMPLE_COLUMNS
 
     shifted = [(r[0], r[1] + timedelta(days=1), *r[2:]) for r in rows]
     started = time.perf_counter()

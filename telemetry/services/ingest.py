@@ -1,0 +1,304 @@
+"""Ingest: one batch from a node's agent stored, its directive outcomes recorded, and its
+pending directives handed back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Case, Value, When
+from django.utils import timezone
+
+import audit.services as audit
+from telemetry.errors import TelemetryError
+from telemetry.models import EnforcementAction, Gpu, IngestBatch, Node, ProcessObservation, Sample
+from telemetry.payload import BatchReport, Limits, payload_parse
+from telemetry.services.nodes import _gpus_unhealthy, _unauthorised, tier_capacity_refresh
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    stored: int
+    duplicate: bool
+    # Directives for the node's agent, oldest first: pending ones are sent again until the
+    # agent reports their outcome (the agent applies each id once).
+    directives: list[EnforcementAction]
+
+
+_OUTCOME_STATES = {
+    "done": EnforcementAction.State.ACKNOWLEDGED,
+    "gone": EnforcementAction.State.GONE,
+    "failed": EnforcementAction.State.FAILED,
+}
+MAX_DIRECTIVES_PER_RESPONSE = 500
+
+
+def samples_ingest(*, node: Node, payload: dict, now: datetime | None = None) -> IngestResult:
+    """Validate and store one batch from ``node``'s agent; record directive outcomes; return
+    the node's pending directives.
+
+    A batch with any bad field is refused whole (TelemetryError with field errors) and
+    nothing of it is stored. A batch id seen before is stored once: the retry gets
+    ``duplicate=True`` and the directives, so an agent whose response was lost loses nothing.
+    """
+    now = now or timezone.now()
+    report = payload_parse(payload, now=now, limits=Limits.from_settings())
+    with transaction.atomic():
+        return _ingest(node=node, report=report, now=now)
+
+
+def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
+    # One node's batches are applied one at a time (an agent posts in order; this also
+    # serialises a retry racing its original).
+    node = Node.objects.select_for_update().select_related("tier").get(pk=node.pk)
+    if node.revoked_at is not None:
+        raise _unauthorised(f"the token of node {node.name!r} was revoked")
+    known = {g.uuid: g for g in Gpu.objects.filter(uuid__in=[g.uuid for g in report.gpus])}
+    foreign = {
+        f"gpus[{i}].uuid": [
+            f"GPU {g.uuid} is registered to another node; a GPU reports through one node only"
+        ]
+        for i, g in enumerate(report.gpus)
+        if g.uuid in known and known[g.uuid].node_id != node.pk
+    }
+    if foreign:
+        raise TelemetryError(
+            f"batch refused: {next(iter(foreign.values()))[0]}", errors=foreign, status=403
+        )
+    try:
+        with transaction.atomic():
+            IngestBatch.objects.create(
+                node=node,
+                batch_id=report.batch_id,
+                sent_at=report.sent_at,
+                received_at=now,
+                samples=len(report.samples),
+                first_at=report.first_at,
+                last_at=report.last_at,
+            )
+        duplicate = False
+    except IntegrityError:
+        owner = (
+            IngestBatch.objects.filter(batch_id=report.batch_id)
+            .values_list("node_id", flat=True)
+            .first()
+        )
+        if owner != node.pk:
+            message = "is already used by another node's batch; use a fresh UUID per batch"
+            raise TelemetryError(
+                f"batch_id {message}", errors={"batch_id": [message]}, status=409
+            ) from None
+        duplicate = True
+
+    tiers_changed: set[int] = set()
+    if not duplicate:
+        gpus, tiers_changed = _gpus_update(node=node, report=report, known=known, now=now)
+        _samples_store(report=report, gpus=gpus)
+        _processes_store(node=node, report=report, gpus=gpus, now=now)
+
+    was_healthy = node.healthy
+    Node.objects.filter(pk=node.pk).update(
+        healthy=True,
+        last_seen_at=now,
+        backend=report.backend,
+        simulated=report.backend == Node.Backend.SIMULATED,
+        hostname=report.hostname,
+        agent_version=report.agent_version,
+    )
+    if not was_healthy:
+        audit.record(
+            actor=f"node:{node.name}",
+            action="node.healthy",
+            target=node,
+            after={"backend": report.backend, "gpus": len(report.gpus)},
+        )
+        tiers_changed |= set(Gpu.objects.filter(node=node).values_list("tier_id", flat=True))
+        tiers_changed.add(node.tier_id)
+    if tiers_changed:
+        tier_capacity_refresh(tiers=tiers_changed)
+    _outcomes_record(node=node, report=report, now=now)
+    return IngestResult(
+        stored=0 if duplicate else len(report.samples),
+        duplicate=duplicate,
+        directives=_directives_deliver(node=node, now=now),
+    )
+
+
+def _gpus_update(
+    *, node: Node, report: BatchReport, known: dict[str, Gpu], now: datetime
+) -> tuple[dict[str, Gpu], set[int]]:
+    """Discover new GPUs (in the node's tier), refresh changed ones, and mark the node's GPUs
+    missing from the report unhealthy. Returns {uuid: Gpu} and the tiers whose capacity moved."""
+    tiers_changed: set[int] = set()
+    new = [
+        Gpu(
+            node=node,
+            uuid=g.uuid,
+            index=g.index,
+            name=g.name,
+            tier_id=node.tier_id,
+            memory_total_mib=g.memory_total_mib,
+            healthy=True,
+            last_seen_at=now,
+        )
+        for g in report.gpus
+        if g.uuid not in known
+    ]
+    if new:
+        Gpu.objects.bulk_create(new)
+        tiers_changed.add(node.tier_id)
+        audit.record(
+            actor=f"node:{node.name}",
+            action="node.gpus_discovered",
+            target=node,
+            after={"gpus": [g.uuid for g in new], "tier": node.tier.slug},
+        )
+    for g in report.gpus:
+        gpu = known.get(g.uuid)
+        if gpu is None:
+            continue
+        changes = {
+            name: value
+            for name, value in (
+                ("index", g.index),
+                ("name", g.name),
+                ("memory_total_mib", g.memory_total_mib),
+                ("healthy", True),
+            )
+            if getattr(gpu, name) != value
+        }
+        if changes:
+            if "healthy" in changes:
+                tiers_changed.add(gpu.tier_id)
+            for name, value in changes.items():
+                setattr(gpu, name, value)
+            gpu.save(update_fields=list(changes))
+    gpus = {g.uuid: g for g in new} | known
+    missing = Gpu.objects.filter(node=node).exclude(uuid__in=list(gpus))
+    tiers_changed |= _gpus_unhealthy(missing)
+    if known:
+        Gpu.objects.filter(pk__in=[g.pk for g in known.values()]).update(last_seen_at=now)
+    return gpus, tiers_changed
+
+
+_SAMPLE_COLUMNS = (
+    "gpu_id",
+    "at",
+    "utilization_pct",
+    "memory_used_mib",
+    "memory_total_mib",
+    "power_w",
+    "temperature_c",
+    "energy_j",
+)
+
+
+def _samples_store(*, report: BatchReport, gpus: dict[str, Gpu]) -> None:
+    if not report.samples:
+        return
+    ids = {uuid: gpu.pk for uuid, gpu in gpus.items()}
+    if connection.vendor == "postgresql":
+        # COPY is several times faster than a multi-row INSERT for the same rows (see
+        # docs/telemetry.md for the figures).
+        statement = f"COPY {Sample._meta.db_table} ({', '.join(_SAMPLE_COLUMNS)}) FROM STDIN"
+        with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
+            write = copy.write_row
+            for row in report.samples:
+                write((ids[row[0]], *row[1:]))
+        return
+    Sample.objects.bulk_create(
+        [
+            Sample(**dict(zip(_SAMPLE_COLUMNS, (ids[r[0]], *r[1:]), strict=True)))
+            for r in report.samples
+        ],
+        batch_size=1000,
+    )
+
+
+def _processes_store(
+    *, node: Node, report: BatchReport, gpus: dict[str, Gpu], now: datetime
+) -> None:
+    """Replace each GPU's observed processes with those of its newest sample, unless the
+    server already holds a newer view (a batch delivered late from the agent's backlog)."""
+    fresh = {
+        gpus[uuid]: (at, processes)
+        for uuid, (at, processes) in report.processes.items()
+        if gpus[uuid].processes_at is None or at >= gpus[uuid].processes_at
+    }
+    if not fresh:
+        return
+    ProcessObservation.objects.filter(gpu__in=[g.pk for g in fresh]).delete()
+    ProcessObservation.objects.bulk_create(
+        [
+            ProcessObservation(
+                node=node,
+                gpu=gpu,
+                pid=p.pid,
+                memory_mib=p.memory_mib,
+                allocation_ref=p.allocation,
+                slurm_job=p.slurm_job,
+                pod=p.pod,
+                state=p.state,
+                at=at,
+                seen_at=now,
+            )
+            for gpu, (at, processes) in fresh.items()
+            # A process on one GPU is reported once; keep the first if an agent repeats it.
+            for p in {p.pid: p for p in reversed(processes)}.values()
+        ]
+    )
+    Gpu.objects.filter(pk__in=[g.pk for g in fresh]).update(
+        processes_at=Case(*(When(pk=g.pk, then=Value(at)) for g, (at, _) in fresh.items()))
+    )
+    for gpu, (at, _) in fresh.items():
+        gpu.processes_at = at
+
+
+def _outcomes_record(*, node: Node, report: BatchReport, now: datetime) -> None:
+    """Record what the agent did with directives. Outcomes arrive at least once: a repeat,
+    or an id that is not this node's, changes nothing."""
+    if not report.directive_results:
+        return
+    actions = {
+        a.pk: a
+        for a in EnforcementAction.objects.select_for_update(of=("self",))
+        .select_related("tenant")
+        .filter(node=node, pk__in=[r.id for r in report.directive_results])
+        .order_by("pk")
+    }
+    for result in report.directive_results:
+        action = actions.get(result.id)
+        if action is None or not action.pending:
+            continue
+        before = action.state
+        action.state = _OUTCOME_STATES[result.outcome]
+        action.detail = result.detail
+        action.acknowledged_at = now
+        action.delivered_at = action.delivered_at or now
+        action.save(update_fields=["state", "detail", "acknowledged_at", "delivered_at"])
+        audit.record(
+            actor=f"node:{node.name}",
+            action=f"enforcement.{action.state}",
+            target=action,
+            tenant=action.tenant,
+            before={"state": before},
+            after={"state": action.state, "outcome": result.outcome, "detail": result.detail},
+        )
+
+
+def _directives_deliver(*, node: Node, now: datetime) -> list[EnforcementAction]:
+    pending = list(
+        EnforcementAction.objects.filter(node=node, state__in=EnforcementAction.PENDING_STATES)
+        .select_related("gpu")
+        .order_by("pk")[:MAX_DIRECTIVES_PER_RESPONSE]
+    )
+    issued = [a.pk for a in pending if a.state == EnforcementAction.State.ISSUED]
+    if issued:
+        EnforcementAction.objects.filter(pk__in=issued).update(
+            state=EnforcementAction.State.DELIVERED, delivered_at=now
+        )
+        for action in pending:
+            if action.state == EnforcementAction.State.ISSUED:
+                action.state, action.delivered_at = EnforcementAction.State.DELIVERED, now
+    return pending

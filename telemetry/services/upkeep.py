@@ -1,0 +1,149 @@
+"""Periodic upkeep: stale nodes marked unhealthy, raw samples rolled up per minute and purged."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Avg, Count, Max
+from django.db.models.functions import TruncMinute
+from django.utils import timezone
+
+import audit.services as audit
+from telemetry.models import Gpu, IngestBatch, Node, Sample, SampleMinute
+from telemetry.services.nodes import _gpus_unhealthy, tier_capacity_refresh
+
+
+@transaction.atomic
+def nodes_health_check(*, now: datetime | None = None) -> list[Node]:
+    """Mark nodes silent for GPUMARKET_NODE_STALE_SECONDS unhealthy; their GPUs leave the
+    capacity of the next rounds. Returns the nodes marked."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.GPUMARKET_NODE_STALE_SECONDS)
+    stale = list(
+        Node.objects.select_for_update()
+        .filter(healthy=True, last_seen_at__lt=cutoff)
+        .order_by("pk")
+    )
+    tiers: set[int] = set()
+    for node in stale:
+        node.healthy = False
+        node.save(update_fields=["healthy"])
+        tiers |= _gpus_unhealthy(Gpu.objects.filter(node=node))
+        tiers.add(node.tier_id)
+        audit.record(
+            actor="telemetry",
+            action="node.unhealthy",
+            target=node,
+            after={
+                "last_seen_at": node.last_seen_at.isoformat() if node.last_seen_at else None,
+                "stale_seconds": settings.GPUMARKET_NODE_STALE_SECONDS,
+            },
+        )
+    if tiers:
+        tier_capacity_refresh(tiers=tiers)
+    return stale
+
+
+@dataclass(frozen=True)
+class RollupResult:
+    batches: int
+    minutes: int
+    samples_purged: int
+    batches_purged: int
+
+
+ROLLUP_BATCHES = 5000
+
+
+@transaction.atomic
+def samples_rollup(*, now: datetime | None = None) -> RollupResult:
+    """Fold new raw samples into per-minute rows, then drop raw samples (and batch records)
+    older than GPUMARKET_SAMPLE_RETENTION_HOURS.
+
+    A minute is recomputed from all its raw samples whenever a batch touches it, so late
+    batches from an agent's backlog land in the right minute and a rerun changes nothing.
+    """
+    now = now or timezone.now()
+    batches = list(
+        IngestBatch.objects.select_for_update(skip_locked=True)
+        .filter(rolled_up=False)
+        .order_by("pk")
+        .values("pk", "node_id", "first_at", "last_at")[:ROLLUP_BATCHES]
+    )
+    minutes = 0
+    with_samples = [b for b in batches if b["first_at"] is not None]
+    if with_samples:
+        start = min(b["first_at"] for b in with_samples).replace(second=0, microsecond=0)
+        end = max(b["last_at"] for b in with_samples).replace(second=0, microsecond=0)
+        gpu_ids = list(
+            Gpu.objects.filter(node_id__in={b["node_id"] for b in with_samples}).values_list(
+                "pk", flat=True
+            )
+        )
+        rows = (
+            Sample.objects.filter(
+                gpu_id__in=gpu_ids, at__gte=start, at__lt=end + timedelta(minutes=1)
+            )
+            .annotate(minute=TruncMinute("at"))
+            .values("gpu_id", "minute")
+            .annotate(
+                n=Count("id"),
+                util_avg=Avg("utilization_pct"),
+                util_max=Max("utilization_pct"),
+                mem_avg=Avg("memory_used_mib"),
+                mem_max=Max("memory_used_mib"),
+                power_avg=Avg("power_w"),
+                power_max=Max("power_w"),
+                temp_max=Max("temperature_c"),
+                energy_last=Max("energy_j"),
+            )
+            .order_by()
+        )
+        aggregates = [
+            SampleMinute(
+                gpu_id=r["gpu_id"],
+                minute=r["minute"],
+                samples=r["n"],
+                utilization_avg=r["util_avg"],
+                utilization_max=r["util_max"],
+                memory_used_avg=r["mem_avg"],
+                memory_used_max=r["mem_max"],
+                power_avg=r["power_avg"],
+                power_max=r["power_max"],
+                temperature_max=r["temp_max"],
+                energy_j_last=r["energy_last"],
+            )
+            for r in rows
+        ]
+        SampleMinute.objects.bulk_create(
+            aggregates,
+            batch_size=1000,
+            update_conflicts=True,
+            unique_fields=["gpu", "minute"],
+            update_fields=[
+                "samples",
+                "utilization_avg",
+                "utilization_max",
+                "memory_used_avg",
+                "memory_used_max",
+                "power_avg",
+                "power_max",
+                "temperature_max",
+                "energy_j_last",
+            ],
+        )
+        minutes = len(aggregates)
+    if batches:
+        IngestBatch.objects.filter(pk__in=[b["pk"] for b in batches]).update(rolled_up=True)
+    cutoff = now - timedelta(hours=settings.GPUMARKET_SAMPLE_RETENTION_HOURS)
+    samples_purged, _ = Sample.objects.filter(at__lt=cutoff).delete()
+    batches_purged, _ = IngestBatch.objects.filter(received_at__lt=cutoff, rolled_up=True).delete()
+    return RollupResult(
+        batches=len(batches),
+        minutes=minutes,
+        samples_purged=samples_purged,
+        batches_purged=batches_purged,
+    )
