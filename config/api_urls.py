@@ -10,7 +10,7 @@ from rest_framework.routers import DefaultRouter
 
 from audit.api.views import AuditEventViewSet
 from market.api.views import AllocationViewSet, BidViewSet, RoundViewSet, TierViewSet
-from telemetry.pace import AllocationPaceView
+from telemetry.api.views import AllocationPaceView
 from tenants.api.views import (
     BalanceView,
     BudgetViewSet,

@@ -26,6 +26,7 @@ several dwell times long.
 
 Pure parts (``PaceConfig``, ``Point``, ``pace_target``, ``pace_step``, ``pace_replay``,
 ``points_from_samples``, ``pace_decide``) need no database; ``allocation_pace`` reads it.
+The endpoint (``AllocationPaceView``) is in telemetry/api/views.py.
 """
 
 from __future__ import annotations
@@ -40,15 +41,9 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Sum
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
-from rest_framework import permissions, serializers
-from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from market.models import Allocation, Tier
 from telemetry.models import ProcessObservation, Sample
-from tenants.access import access_object, require_tenant
-from tenants.api.base import IsTenantMember, ScopedThrottle
 
 
 class Mode(StrEnum):
@@ -368,52 +363,3 @@ def allocation_pace(
         gpus=len(gpu_ids),
         samples=len(rows),
     )
-
-
-# API ---------------------------------------------------------------------------------------
-
-
-class PaceSerializer(serializers.Serializer):
-    allocation = serializers.IntegerField()
-    mode = serializers.ChoiceField(choices=[m.value for m in ORDER])
-    since = serializers.DateTimeField(
-        allow_null=True,
-        help_text="When the mode last changed (or the start of the history window).",
-    )
-    reasons = serializers.ListField(child=serializers.CharField())
-    numbers = serializers.DictField(
-        child=serializers.FloatField(),
-        help_text="The measurements and thresholds behind the mode (percent, GPUs, seconds).",
-    )
-
-
-class AllocationPaceView(APIView):
-    """GET /api/v1/allocations/{id}/pace: how hard the job on this allocation may push."""
-
-    permission_classes = [permissions.IsAuthenticated, IsTenantMember]
-    tenant_scoped = True
-    queryset = Allocation.objects.select_related("tier")
-
-    def get_throttles(self):
-        return [ScopedThrottle("pace")]
-
-    @extend_schema(
-        responses=PaceSerializer,
-        summary="Pace signal: light, moderate or heavy, with reasons",
-        operation_id="allocations_pace",
-        tags=["allocations"],
-    )
-    def get(self, request, pk: int):
-        allocation = access_object(self.queryset.all(), tenant=require_tenant(request.user), pk=pk)
-        reading = allocation_pace(allocation=allocation)
-        return Response(
-            PaceSerializer(
-                {
-                    "allocation": allocation.pk,
-                    "mode": reading.mode.value,
-                    "since": reading.since,
-                    "reasons": reading.reasons,
-                    "numbers": reading.numbers,
-                }
-            ).data
-        )

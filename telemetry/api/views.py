@@ -1,4 +1,5 @@
-"""The ingest endpoint (node agents) and the enforcement actions a tenant may see.
+"""The ingest endpoint (node agents), the enforcement actions a tenant may see, and the pace
+signal of a tenant's allocation.
 
 Ingest is a plain Django view, not a DRF one: it carries the fleet's whole sample stream,
 its body is parsed once by our own strict parser, and it authenticates nodes, not users.
@@ -11,15 +12,20 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from rest_framework import serializers
+from drf_spectacular.utils import extend_schema
+from rest_framework import permissions, serializers
 from rest_framework.generics import ListAPIView
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
+from market.models import Allocation
 from telemetry import selectors, services
 from telemetry.errors import TelemetryError
 from telemetry.models import EnforcementAction
+from telemetry.pace import ORDER, allocation_pace
 from telemetry.payload import payload_load
-from tenants.access import require_tenant
-from tenants.api.base import Pagination
+from tenants.access import access_object, require_tenant
+from tenants.api.base import IsTenantMember, Pagination, ScopedThrottle
 
 
 def _refusal(exc: TelemetryError) -> JsonResponse:
@@ -123,3 +129,49 @@ class EnforcementActionList(ListAPIView):
 
     def get_queryset(self):
         return selectors.actions_for_tenant(tenant=require_tenant(self.request.user))
+
+
+class PaceSerializer(serializers.Serializer):
+    allocation = serializers.IntegerField()
+    mode = serializers.ChoiceField(choices=[m.value for m in ORDER])
+    since = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When the mode last changed (or the start of the history window).",
+    )
+    reasons = serializers.ListField(child=serializers.CharField())
+    numbers = serializers.DictField(
+        child=serializers.FloatField(),
+        help_text="The measurements and thresholds behind the mode (percent, GPUs, seconds).",
+    )
+
+
+class AllocationPaceView(APIView):
+    """GET /api/v1/allocations/{id}/pace: how hard the job on this allocation may push."""
+
+    permission_classes = [permissions.IsAuthenticated, IsTenantMember]
+    tenant_scoped = True
+    queryset = Allocation.objects.select_related("tier")
+
+    def get_throttles(self):
+        return [ScopedThrottle("pace")]
+
+    @extend_schema(
+        responses=PaceSerializer,
+        summary="Pace signal: light, moderate or heavy, with reasons",
+        operation_id="allocations_pace",
+        tags=["allocations"],
+    )
+    def get(self, request, pk: int):
+        allocation = access_object(self.queryset.all(), tenant=require_tenant(request.user), pk=pk)
+        reading = allocation_pace(allocation=allocation)
+        return Response(
+            PaceSerializer(
+                {
+                    "allocation": allocation.pk,
+                    "mode": reading.mode.value,
+                    "since": reading.since,
+                    "reasons": reading.reasons,
+                    "numbers": reading.numbers,
+                }
+            ).data
+        )
