@@ -1,6 +1,6 @@
 from django.urls import path
 
-from market import views
+from market import staff_views, views
 
 urlpatterns = [
     path("", views.market_overview, name="market_overview"),
@@ -11,8 +11,8 @@ urlpatterns = [
     path("bids/<int:pk>/edit/", views.bid_change, name="bid_edit"),
     path("bids/<int:pk>/cancel/", views.bid_cancel_view, name="bid_cancel"),
     path("spend/", views.spend, name="spend"),
-    path("admin/tiers/", views.staff_tiers, name="staff_tiers"),
-    path("admin/tiers/<int:pk>/", views.staff_tier_update, name="staff_tier_update"),
-    path("admin/rounds/", views.staff_rounds, name="staff_rounds"),
-    path("admin/rounds/<int:pk>/", views.staff_round_detail, name="staff_round_detail"),
+    path("admin/tiers/", staff_views.staff_tiers, name="staff_tiers"),
+    path("admin/tiers/<int:pk>/", staff_views.staff_tier_update, name="staff_tier_update"),
+    path("admin/rounds/", staff_views.staff_rounds, name="staff_rounds"),
+    path("admin/rounds/<int:pk>/", staff_views.staff_round_detail, name="staff_round_detail"),
 ]

@@ -1,4 +1,5 @@
-"""Market pages: the open round, bidding, spend, and the admins' tiers and rounds.
+"""Market pages for researchers: the open round, bidding and spend (the admins' tiers and
+rounds are in market/staff_views.py, which shares the reads below).
 
 Views parse, authorise, call one service and render. Every tenant-owned row is fetched
 through ``tenants.access`` (another tenant's bid is a 404); a MarketError from a service
@@ -22,20 +23,18 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from audit.views import staff_required
 from market.charts import (
     figure_html,
     price_history,
-    round_utilisation,
     spend_over_time,
     supply_demand,
 )
 from market.errors import MarketError
-from market.forms import BidForm, TierCreateForm, TierForm, limit_field_name
-from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
+from market.forms import BidForm, limit_field_name
+from market.models import Bid, BidLimit, PolicyVersion, Round
 from market.selectors import bid_get, bids_for_tenant, round_open_current, tiers_offered
 from market.selectors import price_history as price_history_rows
-from market.services import bid_cancel, bid_edit, bid_escrow, bid_place, tier_create, tier_update
+from market.services import bid_cancel, bid_edit, bid_escrow, bid_place
 from market.services.bids import window_seconds
 from tenants.access import require_tenant, scoped
 from tenants.budgets import budget_usage, budgets_applicable
@@ -58,12 +57,12 @@ def _last_cleared_round() -> Round | None:
     )
 
 
-def _active_policy() -> PolicyVersion | None:
+def active_policy() -> PolicyVersion | None:
     # Read only: the market services create the default policy when the first round opens.
     return PolicyVersion.objects.filter(status=PolicyVersion.Status.ACTIVE).first()
 
 
-def _supply_demand_charts(rnd: Round) -> list[str]:
+def supply_demand_charts(rnd: Round) -> list[str]:
     """One supply/demand chart per tier the round offered or was bid on."""
     demand: dict[str, list[tuple[int, int]]] = defaultdict(list)
     rows = (
@@ -95,7 +94,7 @@ def _supply_demand_charts(rnd: Round) -> list[str]:
 def market_overview(request: HttpRequest) -> HttpResponse:
     rnd = round_open_current()
     last = _last_cleared_round()
-    policy = _active_policy()
+    policy = active_policy()
     series: dict[str, list[tuple[datetime, int]]] = defaultdict(list)
     for row in price_history_rows(limit=PRICE_HISTORY_ROUNDS):
         for slug, price in row["prices"].items():
@@ -119,7 +118,7 @@ def market_overview(request: HttpRequest) -> HttpResponse:
             "price_chart": figure_html(price_history(series), element_id="price-history")
             if series
             else "",
-            "supply_demand_charts": _supply_demand_charts(last) if last else [],
+            "supply_demand_charts": supply_demand_charts(last) if last else [],
         },
     )
 
@@ -370,116 +369,5 @@ def spend(request: HttpRequest) -> HttpResponse:
             "usages": [budget_usage(budget=b, at=now) for b in budgets],
             "charges": charges,
             "month_total": sum(per_day.values()),
-        },
-    )
-
-
-# Platform staff ----------------------------------------------------------------------------
-
-
-def _tiers_page(request, *, create_form=None, forms_by_pk=None, status=200):
-    policy = _active_policy()
-    rows = []
-    for tier in Tier.objects.order_by("slug"):
-        form = (forms_by_pk or {}).get(tier.pk) or TierForm(
-            initial={name: getattr(tier, name) for name in TierForm.base_fields},
-            prefix=f"t{tier.pk}",
-        )
-        rows.append(
-            {
-                "tier": tier,
-                "form": form,
-                "reserve": policy.reserve_for(tier.slug) if policy else 0,
-                "max_share": policy.max_share_for(tier.slug) if policy else 100,
-            }
-        )
-    return render(
-        request,
-        "market/staff_tiers.html",
-        {
-            "rows": rows,
-            "policy": policy,
-            "create_form": create_form or TierCreateForm(prefix="new"),
-        },
-        status=status,
-    )
-
-
-@require_http_methods(["GET", "POST"])
-@staff_required
-def staff_tiers(request: HttpRequest) -> HttpResponse:
-    if request.method == "GET":
-        return _tiers_page(request)
-    form = TierCreateForm(request.POST, prefix="new")
-    if form.is_valid():
-        try:
-            tier = tier_create(actor=request.user, **form.cleaned_data)
-        except MarketError as exc:
-            form.add_error(None, str(exc))
-        else:
-            messages.success(request, f"Tier {tier.slug} created.")
-            return redirect("staff_tiers")
-    return _tiers_page(request, create_form=form, status=400)
-
-
-@require_POST
-@staff_required
-def staff_tier_update(request: HttpRequest, pk: int) -> HttpResponse:
-    tier = get_object_or_404(Tier, pk=pk)
-    form = TierForm(request.POST, prefix=f"t{tier.pk}")
-    if form.is_valid():
-        try:
-            tier_update(tier=tier, actor=request.user, **form.cleaned_data)
-        except MarketError as exc:
-            form.add_error(None, str(exc))
-        else:
-            messages.success(request, f"Tier {tier.slug} saved.")
-            return redirect("staff_tiers")
-    return _tiers_page(request, forms_by_pk={tier.pk: form}, status=400)
-
-
-@require_GET
-@staff_required
-def staff_rounds(request: HttpRequest) -> HttpResponse:
-    rounds = Round.objects.select_related("policy", "shadow_policy").order_by("-starts_at")
-    page = Paginator(rounds, 25).get_page(request.GET.get("page"))
-    return render(request, "market/staff_rounds.html", {"page": page})
-
-
-@require_GET
-@staff_required
-def staff_round_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    rnd = get_object_or_404(Round.objects.select_related("policy", "shadow_policy"), pk=pk)
-    allocations = list(
-        Allocation.objects.filter(round=rnd)
-        .select_related("tenant", "tier")
-        .order_by("tier__slug", "tenant__name")
-    )
-    allocated: dict[str, int] = defaultdict(int)
-    for a in allocations:
-        allocated[a.tier.slug] += a.gpus
-    bids = Bid.objects.filter(round=rnd)
-    charts = []
-    if rnd.status in CLEARED:
-        charts.append(
-            figure_html(
-                round_utilisation(capacities=rnd.capacities, allocated=allocated),
-                element_id="round-utilisation",
-            )
-        )
-    charts += _supply_demand_charts(rnd)
-    return render(
-        request,
-        "market/staff_round_detail.html",
-        {
-            "round": rnd,
-            "allocations": allocations,
-            "bid_counts": {s: bids.filter(status=s).count() for s in Bid.Status.values},
-            "charts": charts,
-            "prices": sorted(rnd.prices.items()),
-            "capacities": sorted(rnd.capacities.items()),
-            "diagnostics": sorted(rnd.diagnostics.items())
-            if isinstance(rnd.diagnostics, dict)
-            else [],
         },
     )

@@ -1,0 +1,131 @@
+"""Staff pages of the market: tiers (create, change capacity and offer) and rounds.
+
+Staff only (``audit.views.staff_required``); each view parses, calls one service or reads,
+and renders. A MarketError from a service becomes a form error on the tier that caused it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from audit.views import staff_required
+from market.charts import figure_html, round_utilisation
+from market.errors import MarketError
+from market.forms import TierCreateForm, TierForm
+from market.models import Allocation, Bid, Round, Tier
+from market.services import tier_create, tier_update
+from market.views import CLEARED, active_policy, supply_demand_charts
+
+
+def _tiers_page(request, *, create_form=None, forms_by_pk=None, status=200):
+    policy = active_policy()
+    rows = []
+    for tier in Tier.objects.order_by("slug"):
+        form = (forms_by_pk or {}).get(tier.pk) or TierForm(
+            initial={name: getattr(tier, name) for name in TierForm.base_fields},
+            prefix=f"t{tier.pk}",
+        )
+        rows.append(
+            {
+                "tier": tier,
+                "form": form,
+                "reserve": policy.reserve_for(tier.slug) if policy else 0,
+                "max_share": policy.max_share_for(tier.slug) if policy else 100,
+            }
+        )
+    return render(
+        request,
+        "market/staff_tiers.html",
+        {
+            "rows": rows,
+            "policy": policy,
+            "create_form": create_form or TierCreateForm(prefix="new"),
+        },
+        status=status,
+    )
+
+
+@require_http_methods(["GET", "POST"])
+@staff_required
+def staff_tiers(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return _tiers_page(request)
+    form = TierCreateForm(request.POST, prefix="new")
+    if form.is_valid():
+        try:
+            tier = tier_create(actor=request.user, **form.cleaned_data)
+        except MarketError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Tier {tier.slug} created.")
+            return redirect("staff_tiers")
+    return _tiers_page(request, create_form=form, status=400)
+
+
+@require_POST
+@staff_required
+def staff_tier_update(request: HttpRequest, pk: int) -> HttpResponse:
+    tier = get_object_or_404(Tier, pk=pk)
+    form = TierForm(request.POST, prefix=f"t{tier.pk}")
+    if form.is_valid():
+        try:
+            tier_update(tier=tier, actor=request.user, **form.cleaned_data)
+        except MarketError as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Tier {tier.slug} saved.")
+            return redirect("staff_tiers")
+    return _tiers_page(request, forms_by_pk={tier.pk: form}, status=400)
+
+
+@require_GET
+@staff_required
+def staff_rounds(request: HttpRequest) -> HttpResponse:
+    rounds = Round.objects.select_related("policy", "shadow_policy").order_by("-starts_at")
+    page = Paginator(rounds, 25).get_page(request.GET.get("page"))
+    return render(request, "market/staff_rounds.html", {"page": page})
+
+
+@require_GET
+@staff_required
+def staff_round_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    rnd = get_object_or_404(Round.objects.select_related("policy", "shadow_policy"), pk=pk)
+    allocations = list(
+        Allocation.objects.filter(round=rnd)
+        .select_related("tenant", "tier")
+        .order_by("tier__slug", "tenant__name")
+    )
+    allocated: dict[str, int] = defaultdict(int)
+    for a in allocations:
+        allocated[a.tier.slug] += a.gpus
+    bids = Bid.objects.filter(round=rnd)
+    charts = []
+    if rnd.status in CLEARED:
+        charts.append(
+            figure_html(
+                round_utilisation(capacities=rnd.capacities, allocated=allocated),
+                element_id="round-utilisation",
+            )
+        )
+    charts += supply_demand_charts(rnd)
+    return render(
+        request,
+        "market/staff_round_detail.html",
+        {
+            "round": rnd,
+            "allocations": allocations,
+            "bid_counts": {s: bids.filter(status=s).count() for s in Bid.Status.values},
+            "charts": charts,
+            "prices": sorted(rnd.prices.items()),
+            "capacities": sorted(rnd.capacities.items()),
+            "diagnostics": sorted(rnd.diagnostics.items())
+            if isinstance(rnd.diagnostics, dict)
+            else [],
+        },
+    )
