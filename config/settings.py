@@ -231,6 +231,9 @@ CELERY_BEAT_SCHEDULE = {
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TIMEZONE = "UTC"
 
+# A bearer token for /metrics; empty = open (it shows platform-wide aggregates only).
+GPUMARKET_METRICS_TOKEN = os.environ.get("GPUMARKET_METRICS_TOKEN", "")
+
 # Telemetry (seconds unless named otherwise).
 GPUMARKET_NODE_STALE_SECONDS = env_int("GPUMARKET_NODE_STALE_SECONDS", 90)
 GPUMARKET_SAMPLE_RETENTION_HOURS = env_int("GPUMARKET_SAMPLE_RETENTION_HOURS", 48)

@@ -9,17 +9,20 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import OuterRef, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 from django.views.decorators.http import require_GET
 
 from audit.views import staff_required
 from market.models import Allocation
 from telemetry.charts import figure_html, gpu_heatmap, utilisation_lines
+from telemetry.metrics import metrics_render
 from telemetry.models import EnforcementAction, Gpu, ProcessObservation, Sample, SampleMinute
 from telemetry.selectors import actions_for_tenant, actions_recent, gpus_list, nodes_list
 from tenants.access import access_object, require_tenant, scoped
@@ -37,31 +40,37 @@ def _allocation_gpu_ids(allocation_ids: list[int]) -> dict[int, set[int]]:
     """GPUs each allocation runs on: where its tagged processes were last seen, and where
     enforcement acted on it."""
     gpus: dict[int, set[int]] = defaultdict(set)
-    for ref, gpu_id in ProcessObservation.objects.filter(allocation_ref__in=allocation_ids).values_list(
-        "allocation_ref", "gpu_id"
-    ):
+    for ref, gpu_id in ProcessObservation.objects.filter(
+        allocation_ref__in=allocation_ids
+    ).values_list("allocation_ref", "gpu_id"):
         gpus[ref].add(gpu_id)
-    for ref, gpu_id in EnforcementAction.objects.filter(allocation_id__in=allocation_ids).values_list(
-        "allocation_id", "gpu_id"
-    ):
+    for ref, gpu_id in EnforcementAction.objects.filter(
+        allocation_id__in=allocation_ids
+    ).values_list("allocation_id", "gpu_id"):
         gpus[ref].add(gpu_id)
     return gpus
 
 
 def _latest_utilisation(gpu_ids: set[int], *, since: datetime) -> dict[int, float]:
     latest = Sample.objects.filter(gpu=OuterRef("pk"), at__gte=since).order_by("-at")
-    rows = Gpu.objects.filter(pk__in=gpu_ids).annotate(
-        util=Subquery(latest.values("utilization_pct")[:1])
-    ).values_list("pk", "util")
+    rows = (
+        Gpu.objects.filter(pk__in=gpu_ids)
+        .annotate(util=Subquery(latest.values("utilization_pct")[:1]))
+        .values_list("pk", "util")
+    )
     return {pk: util for pk, util in rows if util is not None}
 
 
 def _running_rows(tenant) -> list[dict]:
     allocations = list(
-        scoped(Allocation.objects.filter(status__in=RUNNING), tenant=tenant).select_related("tier", "round")
+        scoped(Allocation.objects.filter(status__in=RUNNING), tenant=tenant).select_related(
+            "tier", "round"
+        )
     )
     gpus = _allocation_gpu_ids([a.pk for a in allocations])
-    utilisation = _latest_utilisation(set().union(*gpus.values()) if gpus else set(), since=timezone.now() - LIVE_WINDOW)
+    utilisation = _latest_utilisation(
+        set().union(*gpus.values()) if gpus else set(), since=timezone.now() - LIVE_WINDOW
+    )
     rows = []
     for a in allocations:
         values = [utilisation[g] for g in gpus.get(a.pk, ()) if g in utilisation]
@@ -87,7 +96,9 @@ def allocations_live(request: HttpRequest) -> HttpResponse:
 @login_required
 def allocation_list(request: HttpRequest) -> HttpResponse:
     tenant = require_tenant(request.user)
-    finished = scoped(Allocation.objects.exclude(status__in=RUNNING), tenant=tenant).select_related("tier", "round")
+    finished = scoped(Allocation.objects.exclude(status__in=RUNNING), tenant=tenant).select_related(
+        "tier", "round"
+    )
     return render(
         request,
         "telemetry/allocation_list.html",
@@ -130,8 +141,16 @@ def allocation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     gpu_ids = _allocation_gpu_ids([allocation.pk]).get(allocation.pk, set())
     gpus = list(Gpu.objects.filter(pk__in=gpu_ids).select_related("node"))
     end = min(timezone.now(), allocation.ends_at)
-    series = _utilisation_series(gpus, start=allocation.starts_at, end=end) if end > allocation.starts_at else {}
-    chart = figure_html(utilisation_lines(series), element_id="allocation-utilisation") if series else ""
+    series = (
+        _utilisation_series(gpus, start=allocation.starts_at, end=end)
+        if end > allocation.starts_at
+        else {}
+    )
+    chart = (
+        figure_html(utilisation_lines(series), element_id="allocation-utilisation")
+        if series
+        else ""
+    )
     return render(
         request,
         "telemetry/allocation_detail.html",
@@ -198,3 +217,17 @@ def fleet(request: HttpRequest) -> HttpResponse:
 def enforcement_list(request: HttpRequest) -> HttpResponse:
     page = Paginator(actions_recent(), 50).get_page(request.GET.get("page"))
     return render(request, "telemetry/enforcement_list.html", {"page": page})
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape endpoint. With GPUMARKET_METRICS_TOKEN set, it asks for that bearer
+    token; the figures are platform-wide aggregates with no tenant names either way."""
+    token = settings.GPUMARKET_METRICS_TOKEN
+    if token:
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not constant_time_compare(given, token):
+            return HttpResponse(
+                "metrics need the bearer token\n", status=401, content_type="text/plain"
+            )
+    return HttpResponse(metrics_render(), content_type="text/plain; version=0.0.4; charset=utf-8")

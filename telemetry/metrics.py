@@ -1,0 +1,112 @@
+"""``/metrics`` in the Prometheus text exposition format (version 0.0.4).
+
+Platform-wide aggregates only (no tenant names): round and bid counts, tier capacity and the
+last clearing price, fleet health, enforcement actions, ledger totals and the audit length.
+Every figure is one cheap aggregate query; nothing here scans raw samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db.models import Count, Max, Q, Sum
+
+from audit.models import AuditEvent
+from market.models import Bid, Round, Tier
+from telemetry.models import EnforcementAction, Gpu, Node
+from tenants.models import Account
+
+
+def _escape(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class _Family:
+    def __init__(self, name: str, kind: str, help_text: str) -> None:
+        self.name, self.kind, self.help_text = name, kind, help_text
+        self.samples: list[tuple[dict[str, object], float]] = []
+
+    def add(self, value: float, **labels: object) -> None:
+        self.samples.append((labels, value))
+
+    def lines(self) -> Iterable[str]:
+        yield f"# HELP {self.name} {self.help_text}"
+        yield f"# TYPE {self.name} {self.kind}"
+        for labels, value in self.samples:
+            body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+            yield f"{self.name}{{{body}}} {value:g}" if body else f"{self.name} {value:g}"
+
+
+def metrics_collect() -> list[_Family]:
+    rounds = _Family("gpumarket_rounds", "gauge", "Rounds by status.")
+    counts = dict(Round.objects.values_list("status").annotate(n=Count("id")))
+    for status in Round.Status.values:
+        rounds.add(counts.get(status, 0), status=status)
+
+    bids = _Family("gpumarket_bids_open", "gauge", "Bids open in rounds not yet cleared.")
+    bids.add(Bid.objects.filter(status=Bid.Status.OPEN).count())
+
+    capacity = _Family(
+        "gpumarket_tier_offered_gpus", "gauge", "GPUs a tier offers to the next round."
+    )
+    price = _Family(
+        "gpumarket_tier_price_millicredits",
+        "gauge",
+        "Clearing price of the last settled round, milli-credits per GPU-hour.",
+    )
+    last = (
+        Round.objects.filter(status__in=[Round.Status.SETTLED, Round.Status.FINISHED])
+        .order_by("-starts_at")
+        .values_list("prices", flat=True)
+        .first()
+        or {}
+    )
+    for tier in Tier.objects.filter(active=True).order_by("slug"):
+        capacity.add(tier.offered, tier=tier.slug)
+        if tier.slug in last:
+            price.add(last[tier.slug], tier=tier.slug)
+
+    nodes = _Family("gpumarket_nodes", "gauge", "Registered nodes by health (revoked excluded).")
+    node_counts = Node.objects.filter(revoked_at__isnull=True).aggregate(
+        up=Count("id", filter=Q(healthy=True)), down=Count("id", filter=Q(healthy=False))
+    )
+    nodes.add(node_counts["up"], state="healthy")
+    nodes.add(node_counts["down"], state="unhealthy")
+    simulated = _Family(
+        "gpumarket_nodes_simulated", "gauge", "Nodes whose agent reports a simulated backend."
+    )
+    simulated.add(Node.objects.filter(revoked_at__isnull=True, simulated=True).count())
+    last_seen = Node.objects.aggregate(at=Max("last_seen_at"))["at"]
+    seen = _Family(
+        "gpumarket_node_report_last_seconds", "gauge", "Unix time of the newest node report."
+    )
+    if last_seen is not None:
+        seen.add(last_seen.timestamp())
+
+    gpus = _Family("gpumarket_gpus", "gauge", "GPUs by tier and state.")
+    for row in Gpu.objects.values("tier__slug", "healthy", "maintenance").annotate(n=Count("id")):
+        state = (
+            "maintenance" if row["maintenance"] else ("healthy" if row["healthy"] else "unhealthy")
+        )
+        gpus.add(row["n"], tier=row["tier__slug"], state=state)
+
+    actions = _Family(
+        "gpumarket_enforcement_actions", "gauge", "Enforcement actions by action and state."
+    )
+    for row in EnforcementAction.objects.values("action", "state").annotate(n=Count("id")):
+        actions.add(row["n"], action=row["action"], state=row["state"])
+
+    ledger = _Family(
+        "gpumarket_ledger_balance_millicredits", "gauge", "Sum of account balances by account kind."
+    )
+    totals = dict(Account.objects.values_list("kind").annotate(total=Sum("balance")))
+    for kind in Account.Kind.values:
+        ledger.add(totals.get(kind, 0), kind=kind)
+
+    audit_len = _Family("gpumarket_audit_events", "gauge", "Events in the audit log.")
+    audit_len.add(AuditEvent.objects.aggregate(n=Max("seq"))["n"] or 0)
+    return [rounds, bids, capacity, price, nodes, simulated, seen, gpus, actions, ledger, audit_len]
+
+
+def metrics_render() -> str:
+    return "\n".join(line for family in metrics_collect() for line in family.lines()) + "\n"
