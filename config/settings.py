@@ -244,6 +244,9 @@ GPUMARKET_CLOCK_SKEW_SECONDS = env_int("GPUMARKET_CLOCK_SKEW_SECONDS", 120)
 GPUMARKET_SAMPLE_MAX_AGE_SECONDS = env_int("GPUMARKET_SAMPLE_MAX_AGE_SECONDS", 6 * 3600)
 GPUMARKET_INGEST_MAX_SAMPLES = env_int("GPUMARKET_INGEST_MAX_SAMPLES", 10_000)
 GPUMARKET_INGEST_MAX_BYTES = env_int("GPUMARKET_INGEST_MAX_BYTES", 8 * 1024 * 1024)
+# Batches one node may post per minute. An agent posts every few seconds; the headroom lets a
+# backlog drain after an outage, and a runaway agent is slowed instead of filling the database.
+GPUMARKET_INGEST_RATE_PER_MINUTE = env_int("GPUMARKET_INGEST_RATE_PER_MINUTE", 600)
 # A directive the agent reported as failed is issued again after this long, not every tick.
 GPUMARKET_ENFORCE_RETRY_SECONDS = env_int("GPUMARKET_ENFORCE_RETRY_SECONDS", 60)
 

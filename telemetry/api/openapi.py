@@ -141,6 +141,7 @@ _REFUSALS = {
     "409": "The batch_id was reused for a different batch.",
     "413": "The body is larger than GPUMARKET_INGEST_MAX_BYTES.",
     "415": "The body must be application/json.",
+    "429": "The node posts faster than GPUMARKET_INGEST_RATE_PER_MINUTE; retry after Retry-After.",
 }
 
 

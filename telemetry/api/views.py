@@ -7,9 +7,11 @@ its body is parsed once by our own strict parser, and it authenticates nodes, no
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
@@ -50,6 +52,22 @@ def directive_to_wire(action: EnforcementAction) -> dict[str, Any]:
     }
 
 
+def _rate_exceeded(*, node_id: int) -> int:
+    """Count this node's batch in the current minute (shared cache); seconds to wait, or 0."""
+    now = int(time.time())
+    window = now - now % 60
+    key = f"ingest-rate:{node_id}:{window}"
+    cache.add(key, 0, timeout=120)
+    try:
+        count = cache.incr(key)
+    except ValueError:  # expired between add and incr: this is the first of a new window
+        cache.add(key, 1, timeout=120)
+        count = 1
+    if count > settings.GPUMARKET_INGEST_RATE_PER_MINUTE:
+        return window + 60 - now
+    return 0
+
+
 @csrf_exempt
 def ingest(request: HttpRequest) -> JsonResponse:
     """POST a batch (docs/telemetry-protocol.md) with ``Authorization: Bearer <node token>``."""
@@ -61,6 +79,21 @@ def ingest(request: HttpRequest) -> JsonResponse:
         node = services.node_authenticate(authorization=request.headers.get("Authorization", ""))
     except TelemetryError as exc:
         return _refusal(exc)
+    retry_after = _rate_exceeded(node_id=node.pk)
+    if retry_after:
+        response = JsonResponse(
+            {
+                "errors": {
+                    "rate": [
+                        f"more than {settings.GPUMARKET_INGEST_RATE_PER_MINUTE} batches "
+                        "a minute from this node; retry later"
+                    ]
+                }
+            },
+            status=429,
+        )
+        response["Retry-After"] = str(retry_after)
+        return response
     content_type = request.content_type or ""
     if content_type != "application/json":
         return JsonResponse(

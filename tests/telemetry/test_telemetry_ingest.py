@@ -394,3 +394,22 @@ def test_tier_capacity_counts_only_the_nodes_tier(client, node_token, tier):
     tier.refresh_from_db()
     other.refresh_from_db()
     assert (tier.capacity, other.capacity) == (0, 8)
+
+
+def test_a_node_posting_faster_than_its_rate_gets_429_with_retry_after_and_nothing_stored(
+    client, node_token, settings
+):
+    from django.core.cache import cache
+
+    cache.clear()
+    settings.GPUMARKET_INGEST_RATE_PER_MINUTE = 2
+    node, token = node_token
+    answers = [post(client, token, batch(gpus=1)) for _ in range(3)]
+    # The third may land in a new minute; then a fourth is still over the rate.
+    if answers[-1].status_code == 200:
+        answers += [post(client, token, batch(gpus=1)) for _ in range(2)]
+    limited = [a for a in answers if a.status_code == 429]
+    assert limited, [a.status_code for a in answers]
+    assert 1 <= int(limited[0]["Retry-After"]) <= 60
+    assert "batches a minute" in limited[0].json()["errors"]["rate"][0]
+    assert IngestBatch.objects.filter(node=node).count() == len(answers) - len(limited)
