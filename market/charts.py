@@ -12,6 +12,7 @@ from datetime import date, datetime
 
 import plotly.graph_objects as go
 
+from market.forecast import BAND_Z, Forecast
 from tenants.ledger import MILLI
 
 _LAYOUT = {
@@ -29,9 +30,7 @@ def _credits(milli: int | float) -> float:
 
 def figure_html(fig: go.Figure, *, element_id: str) -> str:
     """The figure as an HTML fragment (div + script); plotly.js must already be on the page."""
-    return fig.to_html(
-        include_plotlyjs=False, full_html=False, div_id=element_id, config=_CONFIG
-    )
+    return fig.to_html(include_plotlyjs=False, full_html=False, div_id=element_id, config=_CONFIG)
 
 
 def price_history(series: Mapping[str, Sequence[tuple[datetime, int]]]) -> go.Figure:
@@ -89,7 +88,9 @@ def supply_demand(
     top = max([*ys, _credits(reserve), _credits(price or 0), 1.0]) * 1.15
     fig = go.Figure()
     fig.add_trace(
-        go.Scatter(x=xs or [0], y=ys or [0], mode="lines", name="Demand (bid limits)", line={"width": 3})
+        go.Scatter(
+            x=xs or [0], y=ys or [0], mode="lines", name="Demand (bid limits)", line={"width": 3}
+        )
     )
     fig.add_trace(
         go.Scatter(
@@ -176,5 +177,102 @@ def spend_over_time(
         )
     fig.update_layout(
         title="Spend over time", xaxis_title="Day (UTC)", yaxis_title="Credits", **_LAYOUT
+    )
+    return fig
+
+
+def demand_forecast(
+    *,
+    tier: str,
+    at: Sequence[datetime],
+    demand: Sequence[int],
+    capacity: Sequence[int | None],
+    price: Sequence[int | None],
+    future_at: Sequence[datetime],
+    forecast: Forecast,
+    offered: int,
+) -> go.Figure:
+    """One tier's demand per round (GPUs bid), the forecast for the next rounds with its band,
+    the capacity each round offered (``offered`` now, carried over the forecast) and the
+    clearing price (milli-credits/GPU-h, shown in credits) on a second axis."""
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(x=list(at), y=list(demand), mode="lines+markers", name="Demand (GPUs bid)")
+    )
+    if forecast.mean:
+        # The band is drawn as upper then lower filled to it; joined to the last actual point
+        # so the forecast visibly continues the history.
+        xs = [at[-1], *future_at] if at else list(future_at)
+        start = [float(demand[-1])] if at else []
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=start + list(forecast.upper),
+                mode="lines",
+                line={"width": 0},
+                showlegend=False,
+                hoverinfo="skip",
+                name="Band upper",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=start + list(forecast.lower),
+                mode="lines",
+                line={"width": 0},
+                fill="tonexty",
+                fillcolor="rgba(99, 110, 250, 0.2)",
+                name=f"Forecast band (±{BAND_Z:g}σ)",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=start + list(forecast.mean),
+                mode="lines",
+                line={"dash": "dash"},
+                name="Forecast",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=[*at, *future_at],
+            y=[*capacity, *([offered] * len(future_at))],
+            mode="lines",
+            line={"shape": "hv", "dash": "dot"},
+            name="Capacity offered",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=list(at),
+            y=[None if p is None else _credits(p) for p in price],
+            mode="lines",
+            line={"shape": "hv", "width": 1},
+            name="Clearing price (right axis)",
+            yaxis="y2",
+        )
+    )
+    fig.update_layout(
+        title=f"Demand forecast — {tier}",
+        xaxis_title="Round window start (UTC)",
+        yaxis={"title": {"text": "GPUs"}, "rangemode": "tozero"},
+        yaxis2={
+            "title": {"text": "Credits per GPU-hour"},
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+            "showgrid": False,
+        },
+        # Room on the right for the price axis; the legend below the axis title, in trace
+        # order (plotly reverses it when a trace is filled).
+        **(
+            _LAYOUT
+            | {
+                "margin": {**_LAYOUT["margin"], "r": 70},
+                "legend": {"orientation": "h", "y": -0.3, "traceorder": "normal"},
+            }
+        ),
     )
     return fig

@@ -24,12 +24,16 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from market.charts import (
+    demand_forecast,
     figure_html,
     price_history,
     spend_over_time,
     supply_demand,
 )
 from market.errors import MarketError
+from market.forecast import MIN_ROUNDS, NONE, rounds_per_day
+from market.forecast import demand_forecast as forecast_demand
+from market.forecast_selectors import tier_demand_history
 from market.forms import BidForm, limit_field_name
 from market.models import Bid, BidLimit, PolicyVersion, Round
 from market.selectors import bid_get, bids_for_tenant, round_open_current, tiers_offered
@@ -43,6 +47,11 @@ from tenants.models import Budget, Campaign, Transfer
 
 CLEARED = (Round.Status.CLEARED, Round.Status.SETTLED, Round.Status.FINISHED)
 PRICE_HISTORY_ROUNDS = 48
+# The forecast looks at up to four seasons (days) of rounds, at most a week of 5-minute rounds,
+# and ahead one season, between 6 and 48 rounds.
+FORECAST_SEASONS = 4
+FORECAST_MAX_HISTORY = 2016
+FORECAST_HORIZON = (6, 48)
 
 
 # Reads used by several pages --------------------------------------------------------------
@@ -86,6 +95,47 @@ def supply_demand_charts(rnd: Round) -> list[str]:
     return charts
 
 
+def demand_forecast_charts(policy: PolicyVersion | None) -> dict:
+    """Per active tier: past demand, the forecast with its band, capacity and price, as
+    charts; or, before there is enough history, a note saying how many rounds there are."""
+    round_minutes = policy.round_minutes if policy else 60
+    season = rounds_per_day(round_minutes)
+    horizon = min(max(season, FORECAST_HORIZON[0]), FORECAST_HORIZON[1])
+    history = tier_demand_history(rounds=min(FORECAST_SEASONS * season, FORECAST_MAX_HISTORY))
+    offered = {t.slug: t.offered for t in tiers_offered()}
+    charts = []
+    for i, (slug, past) in enumerate(sorted(history.items())):
+        forecast = forecast_demand(past.demand, horizon=horizon, season_length=season)
+        if forecast.method == NONE:
+            continue
+        step = timedelta(minutes=round_minutes)
+        fig = demand_forecast(
+            tier=slug,
+            at=past.starts_at,
+            demand=past.demand,
+            capacity=past.capacity,
+            price=past.price,
+            future_at=[past.starts_at[-1] + step * k for k in range(1, horizon + 1)],
+            forecast=forecast,
+            offered=offered.get(slug, 0),
+        )
+        charts.append(
+            {
+                "tier": slug,
+                "html": figure_html(fig, element_id=f"demand-forecast-{i}"),
+                "forecast": forecast,
+            }
+        )
+    rounds = len(next(iter(history.values())).rounds) if history else 0
+    return {
+        "charts": charts,
+        "rounds": rounds,
+        "min_rounds": MIN_ROUNDS,
+        "season": season,
+        "horizon": horizon,
+    }
+
+
 # Researchers -----------------------------------------------------------------------------
 
 
@@ -119,6 +169,7 @@ def market_overview(request: HttpRequest) -> HttpResponse:
             if series
             else "",
             "supply_demand_charts": supply_demand_charts(last) if last else [],
+            "demand_forecast": demand_forecast_charts(policy),
         },
     )
 
