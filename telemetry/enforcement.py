@@ -16,12 +16,19 @@ Rules, per observed process:
 Idempotent: an action is issued only when the process's *expected* state (what it is, or
 will be once pending directives are carried out) differs from what is wanted. A failed
 directive is retried after GPUMARKET_ENFORCE_RETRY_SECONDS, not on every tick.
+
+The allocations' status follows (through the market's allocation services, in the pass's
+transaction): a hard-capped tenant's running allocations become ``paused`` and go back to
+``active`` once the cap is gone; an allocation whose ended window still had work to terminate
+becomes ``preempted``. A pause the loop did not make (its audit event is not the enforcer's)
+is never undone here.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -31,8 +38,15 @@ from django.db.models import Max
 from django.utils import timezone
 
 import audit.services as audit
+from audit.models import AuditEvent
+from market.errors import MarketError
 from market.models import Allocation
-from market.services import tenant_bids_cancel
+from market.services import (
+    allocations_pause,
+    allocations_preempt,
+    allocations_resume,
+    tenant_bids_cancel,
+)
 from telemetry.models import EnforcementAction, Node, ProcessObservation
 from tenants.budgets import budget_alerts_raise, tenant_hard_capped
 from tenants.ledger import credits
@@ -52,6 +66,7 @@ TERMINATING = "terminating"
 _ENFORCE_LOCK_KEY = 7_412_002
 _EFFECT = {Action.PAUSE: STOPPED, Action.RESUME: RUNNING, Action.TERMINATE: TERMINATING}
 _ENDED = (Allocation.Status.FINISHED, Allocation.Status.PREEMPTED, Allocation.Status.REVOKED)
+_ENFORCER = "enforcer"
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,10 @@ class EnforceReport:
     capped_tenants: list[int] = field(default_factory=list)
     bids_cancelled: int = 0
     skipped: bool = False  # another pass held the lock
+    # Allocation ids whose status this pass changed.
+    allocations_paused: list[int] = field(default_factory=list)
+    allocations_resumed: list[int] = field(default_factory=list)
+    allocations_preempted: list[int] = field(default_factory=list)
 
 
 def enforce(*, now: datetime | None = None) -> EnforceReport:
@@ -102,7 +121,7 @@ def _open_bids_cancel(*, tenants: dict[int, Budget]) -> int:
             tenant_bids_cancel(
                 tenant=tenant,
                 reason=f"hard spend cap of {credits(budget.cap)} credits reached",
-                actor="enforcer",
+                actor=_ENFORCER,
             )
         )
     return cancelled
@@ -121,6 +140,10 @@ def directives_issue(*, now: datetime, capped: dict[int, Budget]) -> EnforceRepo
     """Compare wanted and expected state of every freshly observed process; issue actions."""
     if not _lock():
         return EnforceReport(skipped=True)
+    report = EnforceReport()
+    # Before the verdicts: a cap lifted this pass must read `active` again, or the
+    # allocation's own status would keep its work paused.
+    _allocations_follow_caps(report=report, capped=capped, now=now)
     fresh_after = now - timedelta(seconds=settings.GPUMARKET_NODE_STALE_SECONDS)
     observations = list(
         ProcessObservation.objects.filter(
@@ -130,11 +153,10 @@ def directives_issue(*, now: datetime, capped: dict[int, Budget]) -> EnforceRepo
         .order_by("gpu_id", "pid")
     )
     if not observations:
-        return EnforceReport()
+        return report
     latest = _latest_actions(observations)
     verdicts = _verdicts(observations=observations, latest=latest, capped=capped, now=now)
     retry_after = timedelta(seconds=settings.GPUMARKET_ENFORCE_RETRY_SECONDS)
-    report = EnforceReport()
     for observation in observations:
         verdict = verdicts[observation.pk]
         last = latest.get((observation.gpu_id, observation.pid))
@@ -145,7 +167,97 @@ def directives_issue(*, now: datetime, capped: dict[int, Budget]) -> EnforceRepo
             report.issued.append(
                 _issue(observation=observation, verdict=verdict, action=action, now=now)
             )
+    _allocations_preempt(report=report, verdicts=verdicts.values(), now=now)
     return report
+
+
+def _allocations_follow_caps(
+    *, report: EnforceReport, capped: dict[int, Budget], now: datetime
+) -> None:
+    """A hard-capped tenant's running allocations read ``paused``; the ones this loop paused
+    read ``active`` again once their tenant is no longer capped."""
+    running = Allocation.objects.filter(starts_at__lte=now, ends_at__gt=now)
+    to_pause: dict[Tenant, list[int]] = defaultdict(list)
+    for allocation in (
+        running.filter(tenant_id__in=capped, status=Allocation.Status.ACTIVE)
+        .select_related("tenant")
+        .order_by("tenant_id", "pk")
+    ):
+        to_pause[allocation.tenant].append(allocation.pk)
+    for tenant, ids in to_pause.items():
+        report.allocations_paused += _status_move(
+            allocations_pause,
+            ids=ids,
+            reason=_cap_reason(tenant, capped[tenant.pk]),
+            now=now,
+        )
+    paused = running.filter(status=Allocation.Status.PAUSED).exclude(tenant_id__in=capped)
+    to_resume = _paused_by_enforcer(list(paused.values_list("pk", flat=True)))
+    report.allocations_resumed += _status_move(
+        allocations_resume,
+        ids=to_resume,
+        reason="the tenant's hard spend cap no longer applies (raised, or its window rolled over)",
+        now=now,
+    )
+
+
+def _paused_by_enforcer(ids: list[int]) -> list[int]:
+    """Of these paused allocations, the ones whose latest pause was this loop's (for a cap);
+    one paused by an admin stays paused whatever the tenant's budget says."""
+    if not ids:
+        return []
+    last = (
+        AuditEvent.objects.filter(
+            object_type=Allocation._meta.label_lower,
+            object_id__in=[str(pk) for pk in ids],
+            action="allocation.pause",
+        )
+        .values("object_id")
+        .annotate(last=Max("seq"))
+        .values_list("last", flat=True)
+    )
+    mine = AuditEvent.objects.filter(
+        seq__in=list(last), actor__isnull=True, actor_label=_ENFORCER
+    ).values_list("object_id", flat=True)
+    return sorted(int(pk) for pk in mine)
+
+
+def _allocations_preempt(
+    *, report: EnforceReport, verdicts: Iterable[Verdict], now: datetime
+) -> None:
+    """An allocation still active or paused whose ended window had work to terminate was
+    preempted. (One `round_finish` reached first is `finished` and stays so.)"""
+    ids = sorted(
+        {
+            v.allocation.pk
+            for v in verdicts
+            if v.want == Action.TERMINATE
+            and v.allocation is not None
+            and v.allocation.status in (Allocation.Status.ACTIVE, Allocation.Status.PAUSED)
+            and v.allocation.ends_at <= now
+        }
+    )
+    report.allocations_preempted += _status_move(
+        allocations_preempt,
+        ids=ids,
+        reason="the window ended with work still running, which is terminated after a "
+        f"{settings.GPUMARKET_PREEMPT_GRACE_SECONDS}s grace to checkpoint",
+        now=now,
+    )
+
+
+def _status_move(
+    service: Callable[..., list[Allocation]], *, ids: list[int], reason: str, now: datetime
+) -> list[int]:
+    """Call one allocation status service; a refusal (another path ended or revoked an
+    allocation since it was read) is logged and the next pass reads the new state."""
+    if not ids:
+        return []
+    try:
+        return [a.pk for a in service(allocation_ids=ids, reason=reason, actor=_ENFORCER, now=now)]
+    except MarketError as exc:
+        logger.warning("enforcement: allocation status of %s left as it is: %s", ids, exc)
+        return []
 
 
 def _latest_actions(
@@ -309,7 +421,11 @@ def _verdict_alone(
             allocation,
             tenant,
         )
-    if allocation.status != Allocation.Status.ACTIVE:
+    budget = capped.get(tenant.pk)
+    # A capped tenant's allocation is `paused` because of the cap: the cap, below, is the
+    # reason to give, as it was before the status followed it.
+    paused_by_cap = allocation.status == Allocation.Status.PAUSED and budget is not None
+    if allocation.status != Allocation.Status.ACTIVE and not paused_by_cap:
         return Verdict(
             Action.PAUSE, f"allocation {allocation.pk} is {allocation.status}", allocation, tenant
         )
@@ -321,21 +437,21 @@ def _verdict_alone(
             allocation,
             tenant,
         )
-    budget = capped.get(tenant.pk)
     if budget is not None:
-        scope = budget.campaign.name if budget.campaign_id else budget.get_window_display().lower()
-        return Verdict(
-            Action.PAUSE,
-            f"{tenant.name} reached its {scope} hard cap of {credits(budget.cap)} credits; work "
-            "resumes when the window rolls over or the cap is raised",
-            allocation,
-            tenant,
-        )
+        return Verdict(Action.PAUSE, _cap_reason(tenant, budget), allocation, tenant)
     return Verdict(
         RUN,
         f"allocation {allocation.pk} is active, within its GPUs and its tenant's budget",
         allocation,
         tenant,
+    )
+
+
+def _cap_reason(tenant: Tenant, budget: Budget) -> str:
+    scope = budget.campaign.name if budget.campaign_id else budget.get_window_display().lower()
+    return (
+        f"{tenant.name} reached its {scope} hard cap of {credits(budget.cap)} credits; work "
+        "resumes when the window rolls over or the cap is raised"
     )
 
 

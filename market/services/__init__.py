@@ -5,6 +5,11 @@ Refusals raise ``market.errors.MarketError`` with a message a user can act on; a
 belongs to another tenant is a 404 (``django.http.Http404``), exactly like a missing one.
 """
 
+from market.services.allocations import (
+    allocations_pause,
+    allocations_preempt,
+    allocations_resume,
+)
 from market.services.bids import bid_cancel, bid_edit, bid_escrow, bid_place, tenant_bids_cancel
 from market.services.policy import (
     policy_activate,
@@ -21,6 +26,9 @@ from market.services.tiers import tier_capacity_set, tier_create, tier_update
 
 __all__ = [
     "TickReport",
+    "allocations_pause",
+    "allocations_preempt",
+    "allocations_resume",
     "bid_cancel",
     "bid_edit",
     "bid_escrow",

@@ -340,3 +340,183 @@ def test_revoked_nodes_work_is_not_enforced(node, now):
     report(node, {0: [process(100)]})
     node_token_revoke(node=node, actor="test")
     assert enforce(now=now).issued == []
+
+
+# Allocation status follows what the loop does: paused under a hard cap, active again when it
+# lifts, preempted when an ended window's work is terminated. The directives stay as above.
+
+
+def statuses(*allocations):
+    return [Allocation.objects.get(pk=a.pk).status for a in allocations]
+
+
+def status_events(verb):
+    return AuditEvent.objects.filter(action=f"allocation.{verb}").order_by("seq")
+
+
+def test_hard_cap_pauses_the_tenants_allocations_and_raising_it_makes_them_active(
+    node, team, tier, now
+):
+    other_team = factories.tenant(name="Speech")
+    mine = active(team, tier, now, gpus=2)
+    idle = active(team, tier, now)  # no work observed on it: paused all the same
+    later = allocation_make(  # not started yet: left alone until it starts
+        tenant=team, tier=tier, starts_at=now + timedelta(hours=1), ends_at=now + timedelta(hours=2)
+    )
+    theirs = active(other_team, tier, now)
+    budget_set(tenant=team, window="day", mode="hard", cap=100 * MILLI, actor=None)
+    _spend(team, 100 * MILLI)
+    report(node, {0: [process(100, allocation=mine.pk)], 1: [process(200, allocation=theirs.pk)]})
+
+    result = enforce(now=now)
+    assert issued(result) == [(A.PAUSE, 100)]
+    assert result.allocations_paused == [mine.pk, idle.pk]
+    assert statuses(mine, idle, later, theirs) == ["paused", "paused", "active", "active"]
+    paused = list(status_events("pause"))
+    assert [(e.actor_label, e.tenant_id) for e in paused] == [("enforcer", team.pk)] * 2
+    assert "hard cap of 100.000 credits" in paused[0].after["reason"]
+
+    # Rerun: nothing issued, nothing changed, nothing recorded.
+    events = AuditEvent.objects.count()
+    rerun = enforce(now=now)
+    assert rerun.issued == [] and rerun.allocations_paused == []
+    assert AuditEvent.objects.count() == events
+
+    # New work on the paused allocation is paused for the cap, as before the status followed.
+    report(
+        node,
+        {
+            0: [process(100, allocation=mine.pk, state="stopped")],
+            2: [process(101, allocation=mine.pk)],
+        },
+        results=[ack(a) for a in result.issued],
+    )
+    (pause,) = enforce(now=now).issued
+    assert pause.pid == 101 and "hard cap of 100.000 credits" in pause.reason
+
+    budget_set(tenant=team, window="day", mode="hard", cap=500 * MILLI, actor=None)
+    lifted = enforce(now=now)
+    assert sorted(issued(lifted)) == [(A.RESUME, 100), (A.RESUME, 101)]
+    assert lifted.allocations_resumed == [mine.pk, idle.pk]
+    assert statuses(mine, idle, later, theirs) == ["active"] * 4
+    assert [e.actor_label for e in status_events("resume")] == ["enforcer"] * 2
+    events = AuditEvent.objects.count()
+    assert enforce(now=now).allocations_resumed == []
+    assert AuditEvent.objects.count() == events
+
+
+def test_allocations_paused_for_a_cap_are_active_again_when_the_window_rolls_over(
+    node, team, tier, now
+):
+    allocation = allocation_make(
+        tenant=team,
+        tier=tier,
+        starts_at=now - timedelta(minutes=10),
+        ends_at=now + timedelta(days=3),
+    )
+    budget_set(tenant=team, window="day", mode="hard", cap=10 * MILLI, actor=None)
+    _spend(team, 10 * MILLI)
+    assert enforce(now=now).allocations_paused == [allocation.pk]
+    assert statuses(allocation) == ["paused"]
+
+    tomorrow = enforce(now=now + timedelta(days=1))
+    assert tomorrow.capped_tenants == [] and tomorrow.allocations_resumed == [allocation.pk]
+    assert statuses(allocation) == ["active"]
+
+
+def test_an_allocation_paused_by_someone_else_is_not_resumed_by_the_loop(node, team, tier, now):
+    from market.services import allocations_pause
+
+    allocation = active(team, tier, now)
+    admin = factories.admin_user()
+    allocations_pause(
+        allocation_ids=[allocation.pk], reason="fault on the rack", actor=admin, now=now
+    )
+    report(node, {0: [process(100, allocation=allocation.pk)]})
+
+    result = enforce(now=now)
+    assert result.allocations_resumed == []
+    assert statuses(allocation) == ["paused"]
+    (action,) = result.issued
+    assert action.action == A.PAUSE and f"allocation {allocation.pk} is paused" in action.reason
+
+
+def test_work_running_past_the_windows_end_makes_the_allocation_preempted(
+    node, team, tier, now, settings
+):
+    settings.GPUMARKET_PREEMPT_GRACE_SECONDS = 45
+    ended = allocation_make(
+        tenant=team,
+        tier=tier,
+        starts_at=now - timedelta(hours=1),
+        ends_at=now - timedelta(seconds=1),
+    )
+    quiet = allocation_make(  # ended too, but no work of it is running: round_finish's to finish
+        tenant=team,
+        tier=tier,
+        starts_at=now - timedelta(hours=1),
+        ends_at=now - timedelta(seconds=1),
+    )
+    report(node, {0: [process(100, allocation=ended.pk)]})
+
+    result = enforce(now=now)
+    (action,) = result.issued
+    assert action.action == A.TERMINATE and "ended at" in action.reason  # as before
+    assert result.allocations_preempted == [ended.pk]
+    assert statuses(ended, quiet) == ["preempted", "active"]
+    (event,) = status_events("preempt")
+    assert event.actor_label == "enforcer" and event.tenant_id == team.pk
+    assert "45s grace" in event.after["reason"]
+
+    events = AuditEvent.objects.count()
+    rerun = enforce(now=now)
+    assert rerun.issued == [] and rerun.allocations_preempted == []
+    assert AuditEvent.objects.count() == events
+
+    # The market's clock finishes the round afterwards: preempted stays preempted.
+    from market.services import round_finish
+
+    round_finish(round_id=ended.round_id, now=now)
+    assert statuses(ended, quiet) == ["preempted", "finished"]
+
+
+def test_allocation_paused_for_a_cap_when_its_window_ends_is_preempted(node, team, tier, now):
+    allocation = allocation_make(
+        tenant=team,
+        tier=tier,
+        starts_at=now - timedelta(hours=1),
+        ends_at=now + timedelta(seconds=30),
+    )
+    budget_set(tenant=team, window="day", mode="hard", cap=10 * MILLI, actor=None)
+    _spend(team, 10 * MILLI)
+    report(node, {0: [process(100, allocation=allocation.pk)]})
+    (pause,) = enforce(now=now).issued
+    assert statuses(allocation) == ["paused"]
+
+    at_end = now + timedelta(seconds=30)
+    report(
+        node, {0: [process(100, allocation=allocation.pk, state="stopped")]}, results=[ack(pause)]
+    )
+    result = enforce(now=at_end)
+    assert issued(result) == [(A.TERMINATE, 100)]
+    assert result.allocations_preempted == [allocation.pk]
+    assert statuses(allocation) == ["preempted"]
+
+
+def test_allocation_the_round_already_finished_stays_finished(node, team, tier, now):
+    from market.services import round_finish
+
+    allocation = allocation_make(
+        tenant=team,
+        tier=tier,
+        starts_at=now - timedelta(hours=1),
+        ends_at=now - timedelta(seconds=1),
+    )
+    round_finish(round_id=allocation.round_id, now=now)
+    report(node, {0: [process(100, allocation=allocation.pk)]})
+
+    result = enforce(now=now)
+    (action,) = result.issued
+    assert action.action == A.TERMINATE and "was finished" in action.reason
+    assert result.allocations_preempted == []
+    assert statuses(allocation) == ["finished"]
