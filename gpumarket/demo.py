@@ -29,6 +29,13 @@ TENANTS = (
     ("Vision Lab", 1, 400_000, (("alice", "manager"), ("ana", "researcher"))),
     ("Language Group", 1, 250_000, (("bob", "manager"), ("bea", "researcher"))),
 )
+# Small daily caps so that, with two-minute rounds, a visitor sees them bite within minutes:
+# a soft cap raises alerts at 50/80/100 %; a hard cap pauses the team's running work (and
+# cancels its open bids) until an admin raises it or the day rolls over. Milli-credits.
+BUDGETS = {
+    "Vision Lab": ("day", "soft", 3_000),
+    "Language Group": ("day", "hard", 2_000),
+}
 NODES = (
     # node name, tier slug, simulated GPUs
     ("sim-node-a", "h100-nvlink", 4),
@@ -68,8 +75,9 @@ def _seed(var: Path) -> dict[str, str]:
     from market.models import Tier
     from telemetry.models import Node
     from telemetry.services import node_register
+    from tenants.budgets import budget_set
     from tenants.ledger import MILLI, credits_grant
-    from tenants.models import Tenant
+    from tenants.models import Budget, Tenant
     from tenants.services import member_add, tenant_create
 
     User = get_user_model()
@@ -83,11 +91,19 @@ def _seed(var: Path) -> dict[str, str]:
             with transaction.atomic():
                 tenant = tenant_create(name=name, weight=weight, actor=admin)
                 credits_grant(
-                    tenant=tenant, amount=start_credits * MILLI, reason="demo starting credits", actor=admin
+                    tenant=tenant,
+                    amount=start_credits * MILLI,
+                    reason="demo starting credits",
+                    actor=admin,
                 )
+        window, mode, cap = BUDGETS[name]
+        if not Budget.objects.filter(tenant=tenant, window=window, active=True).exists():
+            budget_set(tenant=tenant, window=window, mode=mode, cap=cap, actor=admin)
         for username, role in members:
             if not User.objects.filter(username=username).exists():
-                member_add(tenant=tenant, username=username, role=role, actor=admin, password=DEMO_PASSWORD)
+                member_add(
+                    tenant=tenant, username=username, role=role, actor=admin, password=DEMO_PASSWORD
+                )
     token_file = var / "demo-node-tokens.json"
     saved = json.loads(token_file.read_text()) if token_file.exists() else {}
     tokens = {}
@@ -130,17 +146,28 @@ def _bot_loop(stop: threading.Event, spawn_work, interval: float) -> None:
         close_old_connections()
         try:
             now = timezone.now()
-            rnd = Round.objects.filter(status=Round.Status.OPEN, closes_at__gt=now).order_by("closes_at").first()
+            rnd = (
+                Round.objects.filter(status=Round.Status.OPEN, closes_at__gt=now)
+                .order_by("closes_at")
+                .first()
+            )
             if rnd is not None:
                 for membership in Membership.objects.select_related("user", "tenant"):
                     username = membership.user.username
-                    if username not in bids or Bid.objects.filter(round=rnd, author=membership.user).exists():
+                    if (
+                        username not in bids
+                        or Bid.objects.filter(round=rnd, author=membership.user).exists()
+                    ):
                         continue
                     quantity, minimum, limits = bids[username]
                     try:
                         bid_place(
-                            user=membership.user, tenant=membership.tenant, round=rnd,
-                            quantity=quantity, min_quantity=minimum, limits=limits,
+                            user=membership.user,
+                            tenant=membership.tenant,
+                            round=rnd,
+                            quantity=quantity,
+                            min_quantity=minimum,
+                            limits=limits,
                             idempotency_key=f"demo-{rnd.pk}-{username}",
                         )
                     except MarketError as exc:
@@ -183,7 +210,13 @@ def main(argv: list[str]) -> int:
     call_command("migrate", interactive=False, verbosity=0)
     tokens = _seed(var)
 
-    from telemetry.agent.simulated_backend import spawn_simulated_work
+    from telemetry.agent.simulated_backend import exit_with_parent, spawn_simulated_work
+
+    def _terminate(signum, frame):  # noqa: ARG001 - signal handler signature
+        # `kill` or a supervisor's SIGTERM stops the demo like Ctrl-C: children cleaned up.
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
 
     server = f"http://127.0.0.1:{args.port}"
     env = dict(os.environ)
@@ -194,25 +227,64 @@ def main(argv: list[str]) -> int:
     def start(name: str, cmd: list[str], extra_env: dict[str, str] | None = None) -> None:
         log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
         children.procs.append(
-            subprocess.Popen(cmd, env={**env, **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+            subprocess.Popen(
+                cmd,
+                preexec_fn=exit_with_parent(signal.SIGTERM),
+                env={**env, **(extra_env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         )
 
-    start("worker", [
-        sys.executable, "-m", "celery", "-A", "config", "worker", "--beat", "--pool", "solo",
-        "-Q", "clearing,telemetry,default", "--loglevel", "INFO",
-        "--schedule", str(var / "celerybeat-schedule"),
-    ])
+    start(
+        "worker",
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--beat",
+            "--pool",
+            "solo",
+            "-Q",
+            "clearing,telemetry,default",
+            "--loglevel",
+            "INFO",
+            "--schedule",
+            str(var / "celerybeat-schedule"),
+        ],
+    )
     for node_name, _tier, gpus in NODES:
-        start(f"agent-{node_name}", [
-            sys.executable, "-m", "gpumarket", "agent", "--server", server, "--backend", "simulated",
-            "--node-name", node_name, "--sim-gpus", str(gpus), "--interval", "3",
-        ], {"GPUMARKET_NODE_TOKEN": tokens[node_name]})
+        start(
+            f"agent-{node_name}",
+            [
+                sys.executable,
+                "-m",
+                "gpumarket",
+                "agent",
+                "--server",
+                server,
+                "--backend",
+                "simulated",
+                "--node-name",
+                node_name,
+                "--sim-gpus",
+                str(gpus),
+                "--interval",
+                "3",
+            ],
+            {"GPUMARKET_NODE_TOKEN": tokens[node_name]},
+        )
     # Work with no allocation behind it: the enforcement loop pauses it within a few ticks.
     work = [spawn_simulated_work("sim-node-b", 3, duty=0.4)]
     stop = threading.Event()
     if not args.no_bots:
-        threading.Thread(target=_bot_loop, args=(stop, spawn_simulated_work, 5.0), daemon=True).start()
+        threading.Thread(
+            target=_bot_loop, args=(stop, spawn_simulated_work, 5.0), daemon=True
+        ).start()
 
     print(
         "\ngpumarket demo (SIMULATED nodes; no GPU is used)\n"
@@ -220,7 +292,8 @@ def main(argv: list[str]) -> int:
         f"  admin:   {ADMIN[0]} / {ADMIN[1]}  (platform admin)\n"
         + "".join(
             f"  {u:<8} / {DEMO_PASSWORD}  ({role}, {name})\n"
-            for name, _w, _c, members in TENANTS for u, role in members
+            for name, _w, _c, members in TENANTS
+            for u, role in members
         )
         + f"  logs:    {log_dir}\n  Ctrl-C stops everything.\n",
         flush=True,

@@ -9,8 +9,10 @@ enforcement happening rather than a scripted curve.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +57,26 @@ while os.getppid() == parent:
 """
 
 
+_PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
+
+
+def exit_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child receive ``sig`` when its parent dies (Linux).
+
+    Simulated work and the demo's helpers must never outlive whoever started them, even when
+    that parent is killed outright; a SIGSTOPped child cannot notice on its own, but SIGKILL
+    reaches it. Returns None where the kernel has no such facility.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def arm() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+    return arm
+
+
 def spawn_simulated_work(
     node: str,
     gpu: int,
@@ -89,6 +111,7 @@ def spawn_simulated_work(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=exit_with_parent(signal.SIGKILL),  # noqa: PLW1509 - async-signal-safe prctl only
     )
 
 
