@@ -33,8 +33,8 @@ TENANTS = (
 # a soft cap raises alerts at 50/80/100 %; a hard cap pauses the team's running work (and
 # cancels its open bids) until an admin raises it or the day rolls over. Milli-credits.
 BUDGETS = {
-    "Vision Lab": ("day", "soft", 3_000),
-    "Language Group": ("day", "hard", 2_000),
+    "Vision Lab": ("day", "soft", 600),
+    "Language Group": ("day", "hard", 400),
 }
 NODES = (
     # node name, tier slug, simulated GPUs

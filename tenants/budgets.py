@@ -249,7 +249,8 @@ def budget_alerts_raise(*, tenant: Tenant, at: datetime | None = None) -> list[N
                         else Notification.Level.WARNING,
                         "kind": "budget",
                         "message": (
-                            f"{budget.get_window_display()} budget at {usage.spent_pct:.0f}%: "
+                            f"{budget.get_window_display()} budget passed {threshold}% "
+                            f"({usage.spent_pct:.0f}% now): "
                             f"spent {credits(usage.spent)} of {credits(budget.cap)}"
                             + (" (hard cap: work is paused)" if threshold == 100 and budget.mode == Budget.Mode.HARD else "")
                         ),
