@@ -5,7 +5,15 @@ from audit.models import AuditEvent
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(admin.ModelAdmin):
-    list_display = ("seq", "created_at", "actor_label", "tenant", "action", "object_type", "object_id")
+    list_display = (
+        "seq",
+        "created_at",
+        "actor_label",
+        "tenant",
+        "action",
+        "object_type",
+        "object_id",
+    )
     list_filter = ("action", "object_type")
     search_fields = ("actor_label", "action", "object_id")
 

@@ -36,4 +36,6 @@ class AuditEvent(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"#{self.seq} {self.action} {self.object_type}:{self.object_id} by {self.actor_label}"
+        return (
+            f"#{self.seq} {self.action} {self.object_type}:{self.object_id} by {self.actor_label}"
+        )

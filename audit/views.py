@@ -139,8 +139,16 @@ class _Echo:
 
 
 CSV_HEADER = [
-    "seq", "created_at", "actor", "tenant", "action", "object_type", "object_id",
-    "before", "after", "hash",
+    "seq",
+    "created_at",
+    "actor",
+    "tenant",
+    "action",
+    "object_type",
+    "object_id",
+    "before",
+    "after",
+    "hash",
 ]
 
 

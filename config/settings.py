@@ -43,9 +43,7 @@ if not SECRET_KEY:
     SECRET_KEY = "insecure-development-key-do-not-use-in-production"
 
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
-CSRF_TRUSTED_ORIGINS = [
-    o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o
-]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -128,7 +126,10 @@ STATICFILES_DIRS = [
     BASE_DIR / "static",
     # plotly.js served from the installed Python package (never a CDN), so the browser library
     # always matches the figure JSON the server produces: /static/vendor/plotly/plotly.min.js.
-    ("vendor/plotly", Path(importlib.util.find_spec("plotly").submodule_search_locations[0]) / "package_data"),
+    (
+        "vendor/plotly",
+        Path(importlib.util.find_spec("plotly").submodule_search_locations[0]) / "package_data",
+    ),
 ]
 STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", BASE_DIR / "staticfiles"))
 

@@ -69,14 +69,18 @@ class BidForm(forms.Form):
 class TierForm(forms.Form):
     name = forms.CharField(max_length=120)
     gpu_model = forms.CharField(max_length=120, required=False, label="GPU model")
-    capacity = forms.IntegerField(min_value=0, help_text="Healthy GPUs (telemetry keeps this current for registered nodes).")
+    capacity = forms.IntegerField(
+        min_value=0, help_text="Healthy GPUs (telemetry keeps this current for registered nodes)."
+    )
     maintenance_gpus = forms.IntegerField(min_value=0, label="GPUs in maintenance")
     preemptible = forms.BooleanField(required=False)
     active = forms.BooleanField(required=False, label="Offered in rounds")
 
 
 class TierCreateForm(TierForm):
-    slug = forms.SlugField(max_length=40, help_text="Lower-case letters, digits and hyphens, e.g. a100.")
+    slug = forms.SlugField(
+        max_length=40, help_text="Lower-case letters, digits and hyphens, e.g. a100."
+    )
     field_order = ["slug", "name", "gpu_model", "capacity", "maintenance_gpus", "preemptible"]
 
     def __init__(self, *args, **kwargs) -> None:

@@ -34,7 +34,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 class GrantForm(forms.Form):
-    credits = forms.IntegerField(min_value=1, help_text="Whole credits (1 credit = 1000 milli-credits).")
+    credits = forms.IntegerField(
+        min_value=1, help_text="Whole credits (1 credit = 1000 milli-credits)."
+    )
     reason = forms.CharField(max_length=300)
 
 
@@ -60,7 +62,11 @@ class TenantAdmin(admin.ModelAdmin):
 
     def get_urls(self):
         return [
-            path("<int:pk>/grant/", self.admin_site.admin_view(self.grant_view), name="tenants_tenant_grant"),
+            path(
+                "<int:pk>/grant/",
+                self.admin_site.admin_view(self.grant_view),
+                name="tenants_tenant_grant",
+            ),
             *super().get_urls(),
         ]
 
@@ -102,12 +108,19 @@ class TenantAdmin(admin.ModelAdmin):
             except TenantError as exc:
                 form.add_error(None, str(exc))
             else:
-                messages.success(request, f"Granted {form.cleaned_data['credits']} credits to {tenant}.")
+                messages.success(
+                    request, f"Granted {form.cleaned_data['credits']} credits to {tenant}."
+                )
                 return redirect(reverse("admin:tenants_tenant_change", args=[pk]))
         return render(
             request,
             "admin/tenants/grant.html",
-            {**self.admin_site.each_context(request), "form": form, "tenant": tenant, "title": f"Grant credits to {tenant}"},
+            {
+                **self.admin_site.each_context(request),
+                "form": form,
+                "tenant": tenant,
+                "title": f"Grant credits to {tenant}",
+            },
         )
 
 

@@ -80,9 +80,8 @@ def budget_usage(*, budget: Budget, at: datetime | None = None) -> BudgetUsage:
         in_window.filter(kind=Transfer.Kind.REFUND)
     )
     # Escrow still held (holds not yet released or charged), whenever it was placed.
-    held = (
-        _sum(transfers.filter(kind=Transfer.Kind.HOLD))
-        - _sum(transfers.filter(kind__in=[Transfer.Kind.RELEASE, Transfer.Kind.CHARGE]))
+    held = _sum(transfers.filter(kind=Transfer.Kind.HOLD)) - _sum(
+        transfers.filter(kind__in=[Transfer.Kind.RELEASE, Transfer.Kind.CHARGE])
     )
     return BudgetUsage(
         budget=budget, window_start=start, window_end=end, spent=spent, held=max(held, 0)
@@ -95,7 +94,9 @@ def budgets_applicable(*, tenant: Tenant, campaign: Campaign | None, at: datetim
         scope |= Q(campaign=campaign)
     budgets = Budget.objects.filter(scope, tenant=tenant, active=True).select_related("campaign")
     return [
-        b for b in budgets if b.campaign_id is None or b.campaign.starts_at <= at < b.campaign.ends_at
+        b
+        for b in budgets
+        if b.campaign_id is None or b.campaign.starts_at <= at < b.campaign.ends_at
     ]
 
 
@@ -193,14 +194,24 @@ def budget_set(
         target=budget,
         tenant=tenant,
         before=before,
-        after={"window": window, "mode": mode, "cap": cap, "campaign": campaign.pk if campaign else None},
+        after={
+            "window": window,
+            "mode": mode,
+            "cap": cap,
+            "campaign": campaign.pk if campaign else None,
+        },
     )
     return budget
 
 
 @transaction.atomic
 def campaign_create(
-    *, tenant: Tenant, name: str, starts_at: datetime, ends_at: datetime, actor: AbstractBaseUser | None
+    *,
+    tenant: Tenant,
+    name: str,
+    starts_at: datetime,
+    ends_at: datetime,
+    actor: AbstractBaseUser | None,
 ) -> Campaign:
     name = (name or "").strip()
     if not name:
@@ -211,7 +222,9 @@ def campaign_create(
         raise TenantError("a campaign must end after it starts")
     if Campaign.objects.filter(tenant=tenant, name=name).exists():
         raise TenantError(f"campaign {name!r} already exists in {tenant.slug}")
-    campaign = Campaign.objects.create(tenant=tenant, name=name, starts_at=starts_at, ends_at=ends_at)
+    campaign = Campaign.objects.create(
+        tenant=tenant, name=name, starts_at=starts_at, ends_at=ends_at
+    )
     audit.record(
         actor=actor,
         action="campaign.create",
@@ -252,7 +265,11 @@ def budget_alerts_raise(*, tenant: Tenant, at: datetime | None = None) -> list[N
                             f"{budget.get_window_display()} budget passed {threshold}% "
                             f"({usage.spent_pct:.0f}% now): "
                             f"spent {credits(usage.spent)} of {credits(budget.cap)}"
-                            + (" (hard cap: work is paused)" if threshold == 100 and budget.mode == Budget.Mode.HARD else "")
+                            + (
+                                " (hard cap: work is paused)"
+                                if threshold == 100 and budget.mode == Budget.Mode.HARD
+                                else ""
+                            )
                         ),
                     },
                 )

@@ -74,7 +74,8 @@ class RoleForm(forms.Form):
 class CampaignForm(forms.Form):
     name = forms.CharField(max_length=120)
     starts_at = forms.DateTimeField(
-        label="Starts", widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        label="Starts",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
         help_text="UTC",
     )
     ends_at = forms.DateTimeField(

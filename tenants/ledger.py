@@ -52,7 +52,9 @@ def amount_validate(amount: object, *, field: str = "amount") -> int:
     if amount <= 0:
         raise TenantError(f"{field} must be positive, got {amount}")
     if amount > MAX_AMOUNT:
-        raise TenantError(f"{field} {amount} is larger than the limit of {MAX_AMOUNT} milli-credits")
+        raise TenantError(
+            f"{field} {amount} is larger than the limit of {MAX_AMOUNT} milli-credits"
+        )
     return amount
 
 
@@ -114,7 +116,9 @@ def _transfer_locked(
     # Fixed lock order (primary key) on every path, so two transfers cannot deadlock.
     locked = {
         a.pk: a
-        for a in Account.objects.select_for_update().filter(pk__in=[source_id, destination_id]).order_by("pk")
+        for a in Account.objects.select_for_update()
+        .filter(pk__in=[source_id, destination_id])
+        .order_by("pk")
     }
     source, destination = locked[source_id], locked[destination_id]
 
@@ -321,8 +325,12 @@ def ledger_verify() -> list[str]:
         "GROUP BY t.id, t.amount "
         "HAVING COUNT(e.id) <> 2 OR COALESCE(MAX(e.amount), 0) <> t.amount"
     )[:20]:
-        problems.append(f"transfer {transfer.pk}: does not have two entries of +/-{transfer.amount}")
-    sums = dict(Entry.objects.values("account").annotate(s=Sum("amount")).values_list("account", "s"))
+        problems.append(
+            f"transfer {transfer.pk}: does not have two entries of +/-{transfer.amount}"
+        )
+    sums = dict(
+        Entry.objects.values("account").annotate(s=Sum("amount")).values_list("account", "s")
+    )
     total_balance = 0
     for account in Account.objects.select_related("tenant").order_by("pk"):
         total_balance += account.balance

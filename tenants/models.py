@@ -63,7 +63,8 @@ class Account(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["tenant", "kind"], name="account_one_per_tenant_kind",
+                fields=["tenant", "kind"],
+                name="account_one_per_tenant_kind",
                 condition=Q(tenant__isnull=False),
             ),
             models.UniqueConstraint(
@@ -98,7 +99,9 @@ class Campaign(models.Model):
         ordering = ["-starts_at"]
         constraints = [
             models.UniqueConstraint(fields=["tenant", "name"], name="campaign_unique_name"),
-            models.CheckConstraint(condition=Q(ends_at__gt=models.F("starts_at")), name="campaign_ends_after_start"),
+            models.CheckConstraint(
+                condition=Q(ends_at__gt=models.F("starts_at")), name="campaign_ends_after_start"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -30,7 +30,10 @@ def tenant_create(
     tenant = Tenant.objects.create(name=name, slug=slug, weight=weight)
     tenant_accounts_create(tenant=tenant)
     audit.record(
-        actor=actor, action="tenant.create", target=tenant, tenant=tenant,
+        actor=actor,
+        action="tenant.create",
+        target=tenant,
+        tenant=tenant,
         after={"name": name, "slug": slug, "weight": weight},
     )
     return tenant
@@ -71,7 +74,11 @@ def member_add(
     else:
         membership = Membership.objects.create(user=user, tenant=tenant, role=role)
     audit.record(
-        actor=actor, action="membership.set", target=membership, tenant=tenant,
-        before=before, after={"user": username, "role": role},
+        actor=actor,
+        action="membership.set",
+        target=membership,
+        tenant=tenant,
+        before=before,
+        after={"user": username, "role": role},
     )
     return membership

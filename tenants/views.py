@@ -78,7 +78,9 @@ def _require_manager(request: HttpRequest) -> Tenant:
 
 
 def _members_page(request, tenant, *, form=None, status=200):
-    members = scoped(Membership.objects, tenant=tenant).select_related("user").order_by("user__username")
+    members = (
+        scoped(Membership.objects, tenant=tenant).select_related("user").order_by("user__username")
+    )
     rows = [(m, RoleForm(initial={"username": m.user.username, "role": m.role})) for m in members]
     return render(
         request,
@@ -107,7 +109,9 @@ def team_members(request: HttpRequest) -> HttpResponse:
         except TenantError as exc:
             form.add_error(None, str(exc))
         else:
-            messages.success(request, f"{form.cleaned_data['username']} is now a {form.cleaned_data['role']}.")
+            messages.success(
+                request, f"{form.cleaned_data['username']} is now a {form.cleaned_data['role']}."
+            )
             return redirect("team_members")
     return _members_page(request, tenant, form=form, status=400)
 
@@ -126,7 +130,9 @@ def team_member_role(request: HttpRequest) -> HttpResponse:
         messages.error(request, f"{username} is not a member of {tenant.name}.")
         return redirect("team_members")
     try:
-        member_add(tenant=tenant, username=username, role=form.cleaned_data["role"], actor=request.user)
+        member_add(
+            tenant=tenant, username=username, role=form.cleaned_data["role"], actor=request.user
+        )
     except TenantError as exc:
         messages.error(request, str(exc))
     else:
@@ -146,7 +152,8 @@ def _campaigns_page(request, tenant, *, campaign_form=None, budget_form=None, st
             "campaigns": campaigns,
             "usages": _usages(_active_budgets(tenant)),
             "campaign_form": campaign_form or CampaignForm(),
-            "budget_form": budget_form or BudgetForm(campaigns=scoped(Campaign.objects, tenant=tenant)),
+            "budget_form": budget_form
+            or BudgetForm(campaigns=scoped(Campaign.objects, tenant=tenant)),
         },
         status=status,
     )
@@ -193,7 +200,9 @@ def team_budget_set(request: HttpRequest) -> HttpResponse:
         except TenantError as exc:
             form.add_error(None, str(exc))
         else:
-            messages.success(request, f"Budget set: {budget.get_window_display()} cap {credits(budget.cap)}.")
+            messages.success(
+                request, f"Budget set: {budget.get_window_display()} cap {credits(budget.cap)}."
+            )
             return redirect("team_campaigns")
     return _campaigns_page(request, tenant, budget_form=form, status=400)
 
@@ -231,11 +240,16 @@ def staff_tenants(request: HttpRequest) -> HttpResponse:
 
 
 def _credits_page(request, *, form=None, status=200):
-    grants = Transfer.objects.filter(kind=Transfer.Kind.GRANT).select_related("tenant", "actor")[:50]
+    grants = Transfer.objects.filter(kind=Transfer.Kind.GRANT).select_related("tenant", "actor")[
+        :50
+    ]
     return render(
         request,
         "tenants/staff_credits.html",
-        {"grants": grants, "form": form or GrantForm(initial={"tenant": request.GET.get("tenant")})},
+        {
+            "grants": grants,
+            "form": form or GrantForm(initial={"tenant": request.GET.get("tenant")}),
+        },
         status=status,
     )
 
@@ -250,12 +264,17 @@ def staff_credits(request: HttpRequest) -> HttpResponse:
         data = form.cleaned_data
         try:
             credits_grant(
-                tenant=data["tenant"], amount=data["amount"], reason=data["reason"], actor=request.user
+                tenant=data["tenant"],
+                amount=data["amount"],
+                reason=data["reason"],
+                actor=request.user,
             )
         except TenantError as exc:
             form.add_error(None, str(exc))
         else:
-            messages.success(request, f"Granted {credits(data['amount'])} credits to {data['tenant'].name}.")
+            messages.success(
+                request, f"Granted {credits(data['amount'])} credits to {data['tenant'].name}."
+            )
             return redirect("staff_credits")
     return _credits_page(request, form=form, status=400)
 

@@ -16,7 +16,9 @@ _seq = itertools.count(1)
 def admin_user(username: str = "") -> object:
     User = get_user_model()
     username = username or f"admin{next(_seq)}"
-    return User.objects.create_user(username=username, password="pw-admin-123", is_staff=True, is_superuser=True)
+    return User.objects.create_user(
+        username=username, password="pw-admin-123", is_staff=True, is_superuser=True
+    )
 
 
 def tenant(*, name: str = "", credits: int = 0, weight: int = 1, actor=None) -> Tenant:
@@ -27,6 +29,14 @@ def tenant(*, name: str = "", credits: int = 0, weight: int = 1, actor=None) -> 
     return t
 
 
-def member(*, tenant: Tenant, username: str = "", role: str = Membership.Role.RESEARCHER, password: str = "pw-member-123"):
+def member(
+    *,
+    tenant: Tenant,
+    username: str = "",
+    role: str = Membership.Role.RESEARCHER,
+    password: str = "pw-member-123",
+):
     username = username or f"user{next(_seq)}"
-    return member_add(tenant=tenant, username=username, role=role, actor=None, password=password).user
+    return member_add(
+        tenant=tenant, username=username, role=role, actor=None, password=password
+    ).user

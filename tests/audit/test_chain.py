@@ -19,8 +19,14 @@ def _events(n: int = 5) -> list[AuditEvent]:
     t = factories.tenant()
     with transaction.atomic():
         return [
-            audit.record(actor="test", action="test.event", tenant=t, object_type="thing",
-                         object_id=i, after={"i": i, "amount": 1000 * i})
+            audit.record(
+                actor="test",
+                action="test.event",
+                tenant=t,
+                object_type="thing",
+                object_id=i,
+                after={"i": i, "amount": 1000 * i},
+            )
             for i in range(n)
         ]
 
@@ -59,7 +65,10 @@ def test_update_and_delete_are_refused_by_the_database():
 
 def test_edited_event_is_detected_and_named():
     events = _events()
-    _raw("UPDATE audit_auditevent SET after = %s WHERE id = %s", ['{"i": 2, "amount": 1}', events[2].pk])
+    _raw(
+        "UPDATE audit_auditevent SET after = %s WHERE id = %s",
+        ['{"i": 2, "amount": 1}', events[2].pk],
+    )
     report = chain_verify()
     assert not report.ok
     assert report.first_bad_seq == events[2].seq

@@ -33,10 +33,18 @@ def _csv(response) -> list[dict]:
 def test_audit_pages_are_staff_only(client, events):
     _admin, vision, _ = events
     researcher = factories.member(tenant=vision)
-    for name, method in (("audit_review", "get"), ("audit_export", "get"), ("audit_verify", "post")):
+    for name, method in (
+        ("audit_review", "get"),
+        ("audit_export", "get"),
+        ("audit_verify", "post"),
+    ):
         assert getattr(client, method)(reverse(name)).status_code == 302
     client.force_login(researcher)
-    for name, method in (("audit_review", "get"), ("audit_export", "get"), ("audit_verify", "post")):
+    for name, method in (
+        ("audit_review", "get"),
+        ("audit_export", "get"),
+        ("audit_verify", "post"),
+    ):
         assert getattr(client, method)(reverse(name)).status_code == 403
 
 
@@ -77,7 +85,9 @@ def test_csv_export_has_exactly_the_filtered_events(client, events):
     assert rows[0]["actor"] == "root-admin"
     assert '"amount": 5000' in rows[0]["after"]
     everything = _csv(client.get(reverse("audit_export")))
-    assert [int(r["seq"]) for r in everything] == sorted((int(r["seq"]) for r in everything), reverse=True)
+    assert [int(r["seq"]) for r in everything] == sorted(
+        (int(r["seq"]) for r in everything), reverse=True
+    )
 
 
 def test_csv_export_neutralises_formulas(client, events):

@@ -36,7 +36,10 @@ def market(live_server):
     tier_create(actor=admin, slug="a100", name="A100", capacity=4)
     tier_create(actor=admin, slug="h100", name="H100", capacity=2)
     version = policy_version_create(
-        actor=admin, mechanism="welfare", round_minutes=60, reserve_prices={"a100": 1000, "h100": 2000}
+        actor=admin,
+        mechanism="welfare",
+        round_minutes=60,
+        reserve_prices={"a100": 1000, "h100": 2000},
     )
     policy_activate(version=version, actor=admin)
     rnd = round_open_next(now=T0)
@@ -133,7 +136,9 @@ def test_admin_edits_reserve_price_audited_and_csv_exported(page, market, tmp_pa
     page.fill("#id_action", "policy.version_create")
     page.click("button:has-text('Apply filter')")
     rows = page.locator("#audit-events tbody tr")
-    assert rows.count() == AuditEvent.objects.filter(action__icontains="policy.version_create").count()
+    assert (
+        rows.count() == AuditEvent.objects.filter(action__icontains="policy.version_create").count()
+    )
     assert str(event.seq) in page.inner_text("#audit-events")
     page.click("#verify-chain")
     assert "audit chain intact" in page.inner_text(".messages")
@@ -161,8 +166,11 @@ def test_admin_edits_reserve_price_audited_and_csv_exported(page, market, tmp_pa
 
 def test_second_tenant_gets_404_and_sees_nothing(page, market):
     bid = bid_place(
-        user=market["researcher"], tenant=market["tenant"], round=market["round"],
-        quantity=1, limits={"a100": 2000},
+        user=market["researcher"],
+        tenant=market["tenant"],
+        round=market["round"],
+        quantity=1,
+        limits={"a100": 2000},
     )
     rival = factories.tenant(name="Speech Lab", credits=50_000)
     factories.member(tenant=rival, username="grace", password=PASSWORD)

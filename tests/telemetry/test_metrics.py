@@ -44,4 +44,6 @@ def test_metrics_token_when_configured(client, settings):
     settings.GPUMARKET_METRICS_TOKEN = "scrape-secret"
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert client.get("/metrics", headers={"Authorization": "Bearer scrape-secret"}).status_code == 200
+    assert (
+        client.get("/metrics", headers={"Authorization": "Bearer scrape-secret"}).status_code == 200
+    )

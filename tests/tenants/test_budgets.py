@@ -17,7 +17,7 @@ from tenants.budgets import (
 )
 from tenants.errors import TenantError
 from tenants.ledger import credits_charge, credits_hold, credits_refund
-from tenants.models import Budget, Notification
+from tenants.models import Budget
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -31,12 +31,20 @@ def _spend(tenant, amount, campaign=None):
 def test_calendar_windows_are_utc_day_week_month():
     at = datetime(2026, 11, 18, 15, 30, tzinfo=UTC)  # a Wednesday
     b = Budget(window="day")
-    assert window_bounds(budget=b, at=at) == (datetime(2026, 11, 18, tzinfo=UTC), datetime(2026, 11, 19, tzinfo=UTC))
+    assert window_bounds(budget=b, at=at) == (
+        datetime(2026, 11, 18, tzinfo=UTC),
+        datetime(2026, 11, 19, tzinfo=UTC),
+    )
     b.window = "week"
-    assert window_bounds(budget=b, at=at) == (datetime(2026, 11, 16, tzinfo=UTC), datetime(2026, 11, 23, tzinfo=UTC))
+    assert window_bounds(budget=b, at=at) == (
+        datetime(2026, 11, 16, tzinfo=UTC),
+        datetime(2026, 11, 23, tzinfo=UTC),
+    )
     b.window = "month"
     assert window_bounds(budget=b, at=datetime(2026, 12, 31, 23, tzinfo=UTC)) == (
-        datetime(2026, 12, 1, tzinfo=UTC), datetime(2027, 1, 1, tzinfo=UTC))
+        datetime(2026, 12, 1, tzinfo=UTC),
+        datetime(2027, 1, 1, tzinfo=UTC),
+    )
 
 
 def test_safe_budget_refuses_a_commitment_that_could_break_the_cap_with_numbers():
@@ -79,7 +87,13 @@ def test_hard_cap_refuses_only_once_reached_and_is_reported_for_enforcement():
 def test_campaign_budget_counts_only_that_campaigns_spend():
     t = factories.tenant(credits=100_000)
     now = datetime.now(UTC)
-    c = campaign_create(tenant=t, name="deadline", starts_at=now - timedelta(days=1), ends_at=now + timedelta(days=1), actor=None)
+    c = campaign_create(
+        tenant=t,
+        name="deadline",
+        starts_at=now - timedelta(days=1),
+        ends_at=now + timedelta(days=1),
+        actor=None,
+    )
     budget_set(tenant=t, window="campaign", mode="safe", cap=2_000, campaign=c, actor=None)
     _spend(t, 50_000)  # outside the campaign
     assert budget_check(tenant=t, amount=2_000, campaign=c).allowed

@@ -64,7 +64,11 @@ def _naive_hold(*, tenant, amount: int, barrier: threading.Barrier) -> None:
         raise TenantError("insufficient")
     with transaction.atomic():
         transfer = Transfer.objects.create(
-            kind="hold", tenant=tenant, amount=amount, source=source, destination=destination,
+            kind="hold",
+            tenant=tenant,
+            amount=amount,
+            source=source,
+            destination=destination,
             created_at=source.tenant.created_at,
         )
         Entry.objects.create(transfer=transfer, account=source, amount=-amount)

@@ -82,7 +82,9 @@ class LedgerMachine(RuleBasedStateMachine):
         credits_grant(tenant=self.tenants[index], amount=amount, reason="stateful", actor=None)
         self.model[self.tenants[index].pk]["available"] += amount
 
-    @rule(op=st.sampled_from(["hold", "release", "charge"]), index=st.integers(0, 1), amount=amounts)
+    @rule(
+        op=st.sampled_from(["hold", "release", "charge"]), index=st.integers(0, 1), amount=amounts
+    )
     def move(self, op, index, amount):
         self._apply(op, index, amount)
 
@@ -92,7 +94,12 @@ class LedgerMachine(RuleBasedStateMachine):
         if amount <= self.revenue:
             self._apply("refund", index, amount)
 
-    @rule(target=keys, op=st.sampled_from(["hold", "release", "charge"]), index=st.integers(0, 1), amount=amounts)
+    @rule(
+        target=keys,
+        op=st.sampled_from(["hold", "release", "charge"]),
+        index=st.integers(0, 1),
+        amount=amounts,
+    )
     def keyed(self, op, index, amount):
         key = f"stateful-{next(_ids)}"
         outcome = self._apply(op, index, amount, key=key)
@@ -112,7 +119,10 @@ class LedgerMachine(RuleBasedStateMachine):
         assert again == first, "a retried key must return its first outcome"
         assert balance_get(tenant=self.tenants[index]).available == before["available"]
 
-    @rule(index=st.integers(0, 1), amount=st.one_of(st.integers(max_value=0), st.floats(allow_nan=True)))
+    @rule(
+        index=st.integers(0, 1),
+        amount=st.one_of(st.integers(max_value=0), st.floats(allow_nan=True)),
+    )
     def bad_amount(self, index, amount):
         with pytest.raises(TenantError):
             credits_hold(tenant=self.tenants[index], amount=amount)

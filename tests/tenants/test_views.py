@@ -71,13 +71,17 @@ def test_manager_adds_member_and_changes_role(client, lab):
     tenant, manager, researcher = lab
     client.force_login(manager)
     response = client.post(
-        reverse("team_members"), {"username": "newbie", "role": "researcher", "password": "pw-newbie-1"}
+        reverse("team_members"),
+        {"username": "newbie", "role": "researcher", "password": "pw-newbie-1"},
     )
     assert response.status_code == 302
     assert Membership.objects.get(user__username="newbie").tenant == tenant
     client.post(reverse("team_member_role"), {"username": researcher.username, "role": "manager"})
     assert Membership.objects.get(user=researcher).role == "manager"
-    assert AuditEvent.objects.filter(action="membership.set", actor_label=manager.username).count() == 2
+    assert (
+        AuditEvent.objects.filter(action="membership.set", actor_label=manager.username).count()
+        == 2
+    )
 
 
 def test_manager_cannot_take_another_tenants_member(client, lab):
@@ -85,7 +89,9 @@ def test_manager_cannot_take_another_tenants_member(client, lab):
     other = factories.tenant(name="Speech Lab")
     outsider = factories.member(tenant=other)
     client.force_login(manager)
-    response = client.post(reverse("team_members"), {"username": outsider.username, "role": "manager"})
+    response = client.post(
+        reverse("team_members"), {"username": outsider.username, "role": "manager"}
+    )
     assert response.status_code == 400
     assert b"already belongs to another tenant" in response.content
     client.post(reverse("team_member_role"), {"username": outsider.username, "role": "manager"})
@@ -114,7 +120,9 @@ def test_manager_creates_campaign_and_cap_with_inline_errors(client, lab):
     )
     assert response.status_code == 302
     assert Budget.objects.get(tenant=tenant, campaign=campaign).cap == 250_500
-    bad_cap = client.post(reverse("team_budget_set"), {"window": "month", "mode": "safe", "cap": "1.2345"})
+    bad_cap = client.post(
+        reverse("team_budget_set"), {"window": "month", "mode": "safe", "cap": "1.2345"}
+    )
     assert bad_cap.status_code == 400
     assert b"at most three decimals" in bad_cap.content
 
@@ -127,14 +135,18 @@ def test_manager_cannot_use_another_tenants_campaign(client, lab):
     from tenants.budgets import campaign_create
 
     foreign = campaign_create(
-        tenant=other, name="Theirs", starts_at=datetime(2030, 1, 1, tzinfo=UTC),
-        ends_at=datetime(2030, 2, 1, tzinfo=UTC), actor=None,
+        tenant=other,
+        name="Theirs",
+        starts_at=datetime(2030, 1, 1, tzinfo=UTC),
+        ends_at=datetime(2030, 2, 1, tzinfo=UTC),
+        actor=None,
     )
     client.force_login(manager)
     page = client.get(reverse("team_campaigns")).content.decode()
     assert "Theirs" not in page
     response = client.post(
-        reverse("team_budget_set"), {"window": "campaign", "mode": "safe", "cap": "5", "campaign": foreign.pk}
+        reverse("team_budget_set"),
+        {"window": "campaign", "mode": "safe", "cap": "5", "campaign": foreign.pk},
     )
     assert response.status_code == 400
     assert not Budget.objects.filter(campaign=foreign).exists()
@@ -153,7 +165,9 @@ def test_staff_grants_credits_with_reason(client, lab):
     tenant, _, _ = lab
     admin = factories.admin_user()
     client.force_login(admin)
-    missing_reason = client.post(reverse("staff_credits"), {"tenant": tenant.pk, "amount": "10", "reason": ""})
+    missing_reason = client.post(
+        reverse("staff_credits"), {"tenant": tenant.pk, "amount": "10", "reason": ""}
+    )
     assert missing_reason.status_code == 400
     assert b"This field is required" in missing_reason.content
     assert balance_get(tenant=tenant).available == 100_000
@@ -169,7 +183,8 @@ def test_staff_sets_budget_and_creates_tenant(client, lab):
     tenant, _, _ = lab
     client.force_login(factories.admin_user())
     response = client.post(
-        reverse("staff_budgets"), {"tenant": tenant.pk, "window": "day", "mode": "hard", "cap": "30"}
+        reverse("staff_budgets"),
+        {"tenant": tenant.pk, "window": "day", "mode": "hard", "cap": "30"},
     )
     assert response.status_code == 302
     assert Budget.objects.get(tenant=tenant, window="day").cap == 30_000

@@ -10,7 +10,10 @@ class Command(BaseCommand):
         problems = ledger_verify()
         if problems:
             raise CommandError(
-                f"ledger has {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems)
+                f"ledger has {len(problems)} problem(s):\n"
+                + "\n".join(f"  - {p}" for p in problems)
             )
-        self.stdout.write("ledger clean: every transfer balances, balances match entries, "
-                          "no tenant account is negative, issued = held")
+        self.stdout.write(
+            "ledger clean: every transfer balances, balances match entries, "
+            "no tenant account is negative, issued = held"
+        )
