@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+
+from django.conf import settings
 
 from market.errors import MarketError
 from market.models import Round
@@ -46,7 +48,8 @@ class TickReport:
 
 def rounds_tick(*, now: datetime | None = None) -> TickReport:
     """One pass of the market clock: process every due round (bidding closed but not yet
-    settled), open the next round if none is open, finish rounds whose window has ended.
+    settled), open the next round if none is open, finish rounds whose window ended more than
+    the preemption grace ago.
 
     A round that raises is logged and left as it is for the next tick; the other rounds still
     go ahead, so one bad round cannot stop the market.
@@ -63,7 +66,12 @@ def rounds_tick(*, now: datetime | None = None) -> TickReport:
             logger.exception("round %s: processing failed; the next tick retries it", round_id)
             report.errors[round_id] = f"{type(exc).__name__}: {exc}"
     report.open_round = round_open_next(now=now).pk
-    ended = Round.objects.filter(status=Round.Status.SETTLED, ends_at__lte=now).order_by("pk")
+    # Finish a window only after the preemption grace: until then the enforcement loop is
+    # stopping the work still running on it, and labels those allocations preempted.
+    finish_before = now - timedelta(seconds=settings.GPUMARKET_PREEMPT_GRACE_SECONDS)
+    ended = Round.objects.filter(status=Round.Status.SETTLED, ends_at__lte=finish_before).order_by(
+        "pk"
+    )
     for round_id in list(ended.values_list("pk", flat=True)):
         round_finish(round_id=round_id, now=now)
         report.finished.append(round_id)

@@ -7,6 +7,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db.models import Sum
@@ -203,7 +204,11 @@ def test_the_tick_opens_clears_settles_and_finishes(market, team):
     assert report.processed == {market.round.pk: "settled"} and not report.errors
     nxt = Round.objects.get(pk=report.open_round)
     assert nxt.status == "open" and nxt.starts_at == market.round.ends_at
+    # Within the preemption grace the round stays settled: enforcement is still stopping work.
+    grace = timedelta(seconds=settings.GPUMARKET_PREEMPT_GRACE_SECONDS)
     report = rounds_tick(now=market.round.ends_at + timedelta(seconds=1))
+    assert market.round.pk not in report.finished
+    report = rounds_tick(now=market.round.ends_at + grace + timedelta(seconds=1))
     assert market.round.pk in report.finished
     assert set(Allocation.objects.filter(round=market.round).values_list("status", flat=True)) == {
         "finished"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -112,7 +113,8 @@ def test_only_a_settled_round_can_be_voided(teams):
 def test_a_finished_round_can_be_voided(teams):
     market = market_make()
     rnd, _ = settle(market, [(teams[0], 1, {"a100": 3_000})])
-    rounds_tick(now=rnd.ends_at + timedelta(seconds=1))
+    grace = timedelta(seconds=settings.GPUMARKET_PREEMPT_GRACE_SECONDS)
+    rounds_tick(now=rnd.ends_at + grace + timedelta(seconds=1))
     rnd.refresh_from_db()
     assert rnd.status == Round.Status.FINISHED
     round_void(round=rnd, actor=market.admin, reason="billing error")
