@@ -13,3 +13,7 @@ CSRF_COOKIE_SECURE = False
 SECURE_HSTS_SECONDS = 0
 # Fast hashing: tests create many users.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Serve static files straight from the finders (no collectstatic before tests), which also
+# keeps WhiteNoise from warning about the missing STATIC_ROOT on every request handler.
+WHITENOISE_AUTOREFRESH = True
+WHITENOISE_USE_FINDERS = True
