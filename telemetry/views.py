@@ -10,21 +10,24 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db.models import OuterRef, Subquery
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
 from audit.views import staff_required
 from market.models import Allocation
 from telemetry.charts import figure_html, gpu_heatmap, utilisation_lines
+from telemetry.errors import TelemetryError
 from telemetry.metrics import metrics_render
 from telemetry.models import EnforcementAction, Gpu, ProcessObservation, Sample, SampleMinute
 from telemetry.selectors import actions_for_tenant, actions_recent, gpus_list, nodes_list
+from telemetry.services import gpu_maintenance_set
 from tenants.access import access_object, require_tenant, scoped
 
 RUNNING = (Allocation.Status.ACTIVE, Allocation.Status.PAUSED)
@@ -210,6 +213,36 @@ def fleet(request: HttpRequest) -> HttpResponse:
             "any_simulated": any(row["node"].simulated for row in nodes),
         },
     )
+
+
+# The form posts the state wanted, not "toggle": a double submit or a stale page cannot flip
+# a GPU back the other way.
+MAINTENANCE_CHOICES = {"on": True, "off": False}
+
+
+@require_POST
+@staff_required
+def gpu_maintenance(request: HttpRequest, pk: int) -> HttpResponse:
+    """Put a GPU in maintenance or return it to service (out of / back in its tier's capacity)."""
+    gpu = get_object_or_404(Gpu.objects.select_related("node", "tier"), pk=pk)
+    wanted = request.POST.get("maintenance", "")
+    if wanted not in MAINTENANCE_CHOICES:
+        return HttpResponseBadRequest(
+            f"maintenance must be 'on' or 'off', got {wanted!r}\n", content_type="text/plain"
+        )
+    try:
+        gpu_maintenance_set(gpu=gpu, maintenance=MAINTENANCE_CHOICES[wanted], actor=request.user)
+    except TelemetryError as exc:
+        messages.error(request, str(exc))
+    else:
+        gpu.tier.refresh_from_db()
+        state = "is in maintenance" if gpu.maintenance else "is back in service"
+        messages.success(
+            request,
+            f"GPU {_gpu_label(gpu)} {state}; tier {gpu.tier.slug} now offers "
+            f"{gpu.tier.offered} GPU(s) to the next rounds.",
+        )
+    return redirect("fleet")
 
 
 @require_GET

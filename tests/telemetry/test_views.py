@@ -8,9 +8,10 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from audit.models import AuditEvent
 from market.models import Allocation, Bid, PolicyVersion, Round
 from telemetry.models import Gpu, ProcessObservation, Sample
-from telemetry.services import node_register
+from telemetry.services import node_register, tier_capacity_refresh
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -119,3 +120,79 @@ def test_fleet_is_staff_only_and_labels_simulated_nodes(client, running):
     assert 'id="gpu-heatmap"' in body
     assert "simulated" in body
     assert client.get(reverse("enforcement_list")).status_code == 200
+
+
+@pytest.fixture
+def fleet_gpus(tier):
+    """Two healthy GPUs on a healthy node: the tier's capacity is 2."""
+    node, _token = node_register(name="n1", tier=tier, actor="test")
+    node.healthy = True
+    node.save(update_fields=["healthy"])
+    gpus = [
+        Gpu.objects.create(
+            node=node, uuid=f"GPU-{i}", index=i, name="A100", tier=tier, memory_total_mib=81920
+        )
+        for i in range(2)
+    ]
+    tier_capacity_refresh(tiers=[tier], actor="test")
+    tier.refresh_from_db()
+    assert tier.capacity == 2
+    return gpus
+
+
+def test_staff_puts_a_gpu_in_maintenance_and_back_from_the_fleet_page(client, tier, fleet_gpus):
+    gpu = fleet_gpus[0]
+    admin = factories.admin_user()
+    client.force_login(admin)
+    url = reverse("gpu_maintenance", args=[gpu.pk])
+    page = client.get(reverse("fleet")).content.decode()
+    assert f'action="{url}"' in page
+    assert "Put in maintenance" in page
+
+    response = client.post(url, {"maintenance": "on"}, follow=True)
+    assert response.redirect_chain == [(reverse("fleet"), 302)]
+    gpu.refresh_from_db()
+    tier.refresh_from_db()
+    assert gpu.maintenance is True
+    assert (tier.capacity, tier.offered) == (1, 1)
+    body = response.content.decode()
+    assert "n1/0 is in maintenance; tier a100 now offers 1 GPU(s)" in body
+    assert "Return to service" in body
+    event = AuditEvent.objects.get(action="gpu.maintenance")
+    assert event.after == {"maintenance": True}
+    assert event.actor == admin
+
+    client.post(url, {"maintenance": "on"})  # a second submit of the same state changes nothing
+    assert AuditEvent.objects.filter(action="gpu.maintenance").count() == 1
+
+    client.post(url, {"maintenance": "off"})
+    gpu.refresh_from_db()
+    tier.refresh_from_db()
+    assert gpu.maintenance is False
+    assert (tier.capacity, tier.offered) == (2, 2)
+    assert AuditEvent.objects.filter(action="gpu.maintenance").count() == 2
+
+
+def test_gpu_maintenance_refuses_researchers_gets_and_bad_input(client, tier, fleet_gpus):
+    gpu = fleet_gpus[0]
+    url = reverse("gpu_maintenance", args=[gpu.pk])
+    client.force_login(factories.member(tenant=factories.tenant(name="Vision Lab")))
+    assert client.post(url, {"maintenance": "on"}).status_code == 403
+
+    client.force_login(factories.admin_user())
+    assert client.get(url).status_code == 405
+    assert (
+        client.post(
+            reverse("gpu_maintenance", args=[gpu.pk + 100]), {"maintenance": "on"}
+        ).status_code
+        == 404
+    )
+    response = client.post(url, {"maintenance": "yes"})
+    assert response.status_code == 400
+    assert "maintenance must be 'on' or 'off'" in response.content.decode()
+
+    gpu.refresh_from_db()
+    tier.refresh_from_db()
+    assert gpu.maintenance is False
+    assert tier.capacity == 2
+    assert not AuditEvent.objects.filter(action="gpu.maintenance").exists()
