@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     code = _pure(command, rest)
     if code is not None:
         return code
+    if "DATABASE_URL" not in os.environ and "SECRET_KEY" not in os.environ:
+        # The embedded default (the demo's SQLite under var/): development settings, so that
+        # `gpumarket verify-ledger` and friends work on it without further configuration.
+        os.environ.setdefault("DEBUG", "1")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     from django.core.management import execute_from_command_line
 
