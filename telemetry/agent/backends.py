@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from telemetry.agent.mapping import ENV_ONLY, AllocationMapper
 from telemetry.agent.nvml_backend import NvmlBackend
 from telemetry.agent.protocol import GpuInfo, GpuSample
 from telemetry.agent.simulated_backend import SimulatedBackend, spawn_simulated_work
@@ -31,14 +32,15 @@ class Backend(Protocol):
 class BackendOptions:
     node_name: str
     sim_gpus: int
+    mapper: AllocationMapper = ENV_ONLY
 
 
 def _nvml(options: BackendOptions) -> Backend:
-    return NvmlBackend()
+    return NvmlBackend(mapper=options.mapper)
 
 
 def _simulated(options: BackendOptions) -> Backend:
-    return SimulatedBackend(options.node_name, gpus=options.sim_gpus)
+    return SimulatedBackend(options.node_name, gpus=options.sim_gpus, mapper=options.mapper)
 
 
 BACKENDS: dict[str, Callable[[BackendOptions], Backend]] = {

@@ -15,6 +15,7 @@ from telemetry.agent.backends import BACKENDS, BackendOptions, backend_build
 from telemetry.agent.errors import AgentError
 from telemetry.agent.executors import EXECUTORS, executor_build
 from telemetry.agent.loop import AgentLoop
+from telemetry.agent.mapping import MAPPINGS, mapper_build
 from telemetry.agent.transport import IngestClient
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,26 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
     return parse
 
 
+def _mapping_names(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if names == ("none",):
+        return ()
+    unknown = [name for name in names if name not in MAPPINGS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected 'none' or a comma-separated list of {', '.join(sorted(MAPPINGS))}, "
+            f"not {text!r}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def mappings_chosen(*, mapping: tuple[str, ...] | None, executor: str) -> tuple[str, ...]:
+    """`--map` as given; by default the executor's own workload manager, if it has one."""
+    if mapping is not None:
+        return mapping
+    return (executor,) if executor in MAPPINGS else ()
+
+
 def parser_build() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpumarket agent",
@@ -50,6 +71,14 @@ def parser_build() -> argparse.ArgumentParser:
     )
     parser.add_argument("--backend", choices=sorted(BACKENDS), default="nvml")
     parser.add_argument("--executor", choices=sorted(EXECUTORS), default="signal")
+    parser.add_argument(
+        "--map",
+        type=_mapping_names,
+        default=None,
+        metavar="slurm,kubernetes|none",
+        help="where to look up the allocation of work without GPUMARKET_ALLOCATION: the "
+        "Slurm job's comment, the pod's label (default: the executor's, else none)",
+    )
     parser.add_argument("--interval", type=_positive(float), default=5.0, help="seconds")
     parser.add_argument("--node-name", default=socket.gethostname())
     parser.add_argument(
@@ -92,9 +121,14 @@ def main(argv: list[str]) -> int:
         logger.error("a node token is needed: --token or $%s", TOKEN_ENV)
         return EXIT_USAGE
     try:
+        mapper = mapper_build(names=mappings_chosen(mapping=args.map, executor=args.executor))
+        if mapper.sources:
+            logger.info(
+                "work without GPUMARKET_ALLOCATION is mapped through: %s", ", ".join(mapper.names)
+            )
         backend = backend_build(
             name=args.backend,
-            options=BackendOptions(node_name=args.node_name, sim_gpus=args.sim_gpus),
+            options=BackendOptions(node_name=args.node_name, sim_gpus=args.sim_gpus, mapper=mapper),
         )
     except AgentError as exc:
         logger.error("%s", exc)

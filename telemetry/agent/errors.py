@@ -11,3 +11,7 @@ class BackendUnavailable(AgentError):
 
 class ExecutorUnavailable(AgentError):
     """The chosen executor cannot act on this host (no credentials, no tool)."""
+
+
+class MappingUnavailable(AgentError):
+    """A chosen allocation mapping cannot work on this host (no scontrol, no credentials)."""

@@ -17,6 +17,7 @@ import pynvml
 
 from telemetry.agent.energy import EnergyMeter
 from telemetry.agent.errors import BackendUnavailable
+from telemetry.agent.mapping import ENV_ONLY, AllocationMapper
 from telemetry.agent.procmap import PROC, process_describe
 from telemetry.agent.protocol import GpuInfo, GpuSample, ProcessSample, utcnow
 
@@ -39,10 +40,12 @@ class NvmlBackend:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = utcnow,
         proc: Path = PROC,
+        mapper: AllocationMapper = ENV_ONLY,
     ) -> None:
         self._clock = clock
         self._wall = wall
         self._proc = proc
+        self._mapper = mapper
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
@@ -157,6 +160,7 @@ class NvmlBackend:
                 pod=None,
                 state="running",
             )
+        info = self._mapper.apply(info)
         return ProcessSample(
             pid=pid,
             memory_mib=int(used // MIB),

@@ -22,8 +22,11 @@ PROC = Path("/proc")
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 ALLOCATION_ENV = "GPUMARKET_ALLOCATION"
+# Allocation ids are the server's bigint primary keys.
+ALLOCATION_MAX = 2**63 - 1
 SLURM_JOB_ENV = "SLURM_JOB_ID"
 POD_NAME_ENV = "POD_NAME"
+POD_NAMESPACE_ENV = "POD_NAMESPACE"
 
 # Slurm's cgroup plugins (v1 and v2) put every step under a `job_<id>` directory.
 _SLURM_CGROUP = re.compile(r"/job_(\d+)(?=/|$)")
@@ -63,7 +66,14 @@ class ProcessInfo:
     allocation: int | None
     slurm_job: str | None
     pod: str | None
+    # The pod's namespace when the downward API set POD_NAMESPACE (used to look the pod up).
+    namespace: str | None = None
     environ: Mapping[str, str] = field(repr=False, default_factory=dict)
+
+    @property
+    def pod_named(self) -> bool:
+        """True when `pod` is the pod's name (POD_NAME), False when it is the cgroup's UID."""
+        return self.pod is not None and self.environ.get(POD_NAME_ENV) == self.pod
 
 
 def pids_list(*, proc: Path = PROC) -> list[int]:
@@ -122,14 +132,23 @@ def uptime_read(*, proc: Path = PROC) -> float:
     return float((proc / "uptime").read_text().split()[0])
 
 
+def allocation_id(value: str) -> int | None:
+    """The allocation id written in `value`, or None unless it is a whole number the server
+    accepts: it refuses a whole batch over one process with an id outside 1..ALLOCATION_MAX."""
+    try:
+        allocation = int(value.strip())
+    except ValueError:
+        return None
+    return allocation if 1 <= allocation <= ALLOCATION_MAX else None
+
+
 def allocation_parse(value: str | None) -> int | None:
     if value is None:
         return None
-    try:
-        return int(value.strip())
-    except ValueError:
-        logger.debug("ignoring non-integer %s=%r", ALLOCATION_ENV, value)
-        return None
+    allocation = allocation_id(value)
+    if allocation is None:
+        logger.debug("ignoring %s=%r: not an allocation id", ALLOCATION_ENV, value)
+    return allocation
 
 
 def slurm_job_find(environ: Mapping[str, str], cgroup: str) -> str | None:
@@ -167,5 +186,6 @@ def process_describe(pid: int, *, proc: Path = PROC) -> ProcessInfo | None:
         allocation=allocation_parse(environ.get(ALLOCATION_ENV)),
         slurm_job=slurm_job_find(environ, cgroup),
         pod=pod_find(environ, cgroup),
+        namespace=environ.get(POD_NAMESPACE_ENV) or None,
         environ=environ,
     )

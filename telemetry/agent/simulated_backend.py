@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from telemetry.agent.energy import EnergyMeter
+from telemetry.agent.mapping import ENV_ONLY, AllocationMapper
 from telemetry.agent.procmap import (
     ALLOCATION_ENV,
     CLOCK_TICKS_PER_SECOND,
@@ -129,6 +130,7 @@ class SimulatedBackend:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = utcnow,
         proc: Path = PROC,
+        mapper: AllocationMapper = ENV_ONLY,
     ) -> None:
         if gpus < 1:
             raise ValueError("a simulated node needs at least one GPU")
@@ -139,6 +141,7 @@ class SimulatedBackend:
         self._clock = clock
         self._wall = wall
         self._proc = proc
+        self._mapper = mapper
         self._gpus = tuple(
             GpuInfo(
                 uuid=f"GPU-SIM-{node_name}-{index}",
@@ -198,7 +201,8 @@ class SimulatedBackend:
                     self._node,
                 )
                 continue
-            found.append(info)
+            # Mapped only once known to be on a GPU: the scan above reads every process.
+            found.append(self._mapper.apply(info))
         return found
 
     def _utilization_pct(

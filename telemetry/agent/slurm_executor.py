@@ -23,9 +23,9 @@ SCONTROL_VERBS: dict[str, str] = {"pause": "suspend", "resume": "resume", "termi
 
 # A plain job id, an array task (123_4) or a heterogeneous component (123+1). Anything else
 # is refused before it reaches the command line, where it could read as an option.
-_JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")
+JOB_ID = re.compile(r"^\d+(?:[_+]\d+)?$")
 # What scontrol prints for a job that has already left the controller.
-_GONE = re.compile(r"invalid job id|does not exist|already completed", re.IGNORECASE)
+JOB_GONE = re.compile(r"invalid job id|does not exist|already completed", re.IGNORECASE)
 
 
 class SlurmExecutor:
@@ -66,7 +66,7 @@ class SlurmExecutor:
         return sorted(found)
 
     def _run(self, directive: Directive, job: str) -> DirectiveResult:
-        if not _JOB_ID.match(job):
+        if not JOB_ID.match(job):
             return DirectiveResult(
                 id=directive.id, outcome="failed", detail=f"not a Slurm job id: {job!r}"
             )
@@ -86,7 +86,7 @@ class SlurmExecutor:
         if completed.returncode == 0:
             logger.info("directive %d: %s", directive.id, shown)
             return DirectiveResult(id=directive.id, outcome="done", detail=shown)
-        if _GONE.search(message):
+        if JOB_GONE.search(message):
             return DirectiveResult(id=directive.id, outcome="gone", detail=f"{shown}: {message}")
         return DirectiveResult(
             id=directive.id,

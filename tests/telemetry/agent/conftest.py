@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -189,3 +191,181 @@ def ingest() -> Iterator[StandInIngest]:
     server.start()
     yield server
     server.stop()
+
+
+# Records its arguments, one JSON list per line. For `suspend|resume|requeue <job>` it
+# answers like scontrol does for a job the controller no longer knows (job 404) or a refused
+# operation (job 500). For `show job <id> ...` it prints the record the test wrote to
+# jobs/<id>, else fails like scontrol for a job it does not know, or (job 500) for a
+# controller it cannot reach.
+SCONTROL_STAND_IN = """#!/bin/sh
+printf '%s\\n' "$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1:]))' "$@")" >> "{log}"
+if [ "$1" = show ]; then
+  if [ -f "{jobs}/$3" ]; then cat "{jobs}/$3"; exit 0; fi
+  case "$3" in
+    500) echo "slurm_load_jobs error: Unable to contact slurm controller (connect failure)" >&2; exit 1 ;;
+  esac
+  echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1
+fi
+case "$2" in
+  404) echo "scontrol: error: Invalid job id specified" >&2; exit 1 ;;
+  500) echo "scontrol: error: Access/permission denied" >&2; exit 1 ;;
+esac
+exit 0
+"""
+
+
+class StandInScontrol:
+    """A `scontrol` on PATH; calling it gives the argument lists it was run with."""
+
+    def __init__(self, directory: Path) -> None:
+        self.bin_dir = directory / "bin"
+        self.jobs_dir = directory / "jobs"
+        self.log = directory / "scontrol.log"
+        self.bin_dir.mkdir()
+        self.jobs_dir.mkdir()
+        script = self.bin_dir / "scontrol"
+        script.write_text(SCONTROL_STAND_IN.format(log=self.log, jobs=self.jobs_dir))
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+
+    def __call__(self) -> list[list[str]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def job(self, job_id: str, *, comment: str = "(null)") -> None:
+        """A job the controller knows, shown the way `--oneliner` prints it."""
+        (self.jobs_dir / job_id).write_text(
+            f"JobId={job_id} JobName=train UserId=alice(1000) GroupId=alice(1000) "
+            f"Priority=4294901755 JobState=RUNNING RunTime=00:01:02 Partition=gpu "
+            f"NodeList=gpu-node-07 Command=/home/alice/train.sh WorkDir=/home/alice "
+            f"AdminComment=gpumarket:allocation=999 Comment={comment} "
+            f"StdErr=/home/alice/slurm-{job_id}.out Power=\n"
+        )
+
+
+@pytest.fixture
+def scontrol(tmp_path, monkeypatch) -> StandInScontrol:
+    stand_in = StandInScontrol(tmp_path)
+    monkeypatch.setenv("PATH", f"{stand_in.bin_dir}:{os.environ['PATH']}")
+    return stand_in
+
+
+@dataclass
+class StandInApi:
+    """The Kubernetes API calls the agent makes (read a pod, patch a Job), on 127.0.0.1."""
+
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    jobs: set[tuple[str, str]] = field(default_factory=set)
+    patches: list[dict[str, Any]] = field(default_factory=list)
+    reads: list[str] = field(default_factory=list)
+    url: str = ""
+
+    def client(self) -> Any:
+        # Imported here: the Kubernetes client is slow to import and most tests never need it.
+        from kubernetes import client
+
+        return client.ApiClient(client.Configuration(host=self.url))
+
+    def pod_labelled(self, namespace: str, pod: str, labels: dict[str, str]) -> None:
+        self.pods[(namespace, pod)] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod, "namespace": namespace, "labels": labels},
+        }
+
+    def pod_of_job(self, namespace: str, pod: str, job: str) -> None:
+        self.pods[(namespace, pod)] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod,
+                "namespace": namespace,
+                "labels": {"batch.kubernetes.io/job-name": job},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": job,
+                        "uid": "u-1",
+                        "controller": True,
+                    }
+                ],
+            },
+        }
+        self.jobs.add((namespace, job))
+
+
+def _not_found(kind: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Failure",
+        "message": f'{kind} "{name}" not found',
+        "reason": "NotFound",
+        "code": 404,
+    }
+
+
+@pytest.fixture
+def api() -> Iterator[StandInApi]:
+    state = StandInApi()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, status: int, body: dict[str, Any]) -> None:
+            payload = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def do_GET(self) -> None:  # noqa: N802
+            state.reads.append(self.path.split("?")[0])
+            parts = self.path.split("?")[0].strip("/").split("/")
+            # api/v1/namespaces/<ns>/pods/<name>
+            if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
+                pod = state.pods.get((parts[3], parts[5]))
+                if pod is not None:
+                    return self._answer(200, pod)
+            return self._answer(404, _not_found("pods", parts[-1]))
+
+        def do_PATCH(self) -> None:  # noqa: N802
+            parts = self.path.split("?")[0].strip("/").split("/")
+            # apis/batch/v1/namespaces/<ns>/jobs/<name>
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            namespace, name = parts[4], parts[6]
+            state.patches.append(
+                {
+                    "path": self.path,
+                    "content_type": self.headers["Content-Type"],
+                    "body": body,
+                }
+            )
+            if (namespace, name) not in state.jobs:
+                return self._answer(404, _not_found("jobs.batch", name))
+            return self._answer(
+                200,
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "spec": {
+                        "suspend": body["spec"]["suspend"],
+                        "template": {"spec": {"containers": []}},
+                    },
+                },
+            )
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
+    thread.start()
+    yield state
+    server.shutdown()
+    server.server_close()

@@ -103,7 +103,7 @@ def test_runs_until_sigterm_in_its_own_process(ingest, sim_node):
 def test_the_agent_imports_no_django():
     code = (
         "import sys, telemetry.agent, telemetry.agent.loop, telemetry.agent.kubernetes_executor\n"
-        "from telemetry.agent import backends, executors, cli\n"
+        "from telemetry.agent import backends, executors, cli, slurm_mapping, kubernetes_mapping\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'django'], 'django imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

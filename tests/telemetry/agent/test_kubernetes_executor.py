@@ -1,10 +1,3 @@
-import json
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-
 import pytest
 from kubernetes import client
 
@@ -12,113 +5,8 @@ from telemetry.agent.kubernetes_executor import KubernetesExecutor
 from telemetry.agent.protocol import Directive, ObservedProcess, ProcessSample
 
 
-@dataclass
-class StandInApi:
-    """The two Kubernetes API calls the executor makes, on 127.0.0.1."""
-
-    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    jobs: set[tuple[str, str]] = field(default_factory=set)
-    patches: list[dict[str, Any]] = field(default_factory=list)
-    url: str = ""
-
-    def pod_of_job(self, namespace: str, pod: str, job: str) -> None:
-        self.pods[(namespace, pod)] = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod,
-                "namespace": namespace,
-                "labels": {"batch.kubernetes.io/job-name": job},
-                "ownerReferences": [
-                    {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "name": job,
-                        "uid": "u-1",
-                        "controller": True,
-                    }
-                ],
-            },
-        }
-        self.jobs.add((namespace, job))
-
-
-def _not_found(kind: str, name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Status",
-        "status": "Failure",
-        "message": f'{kind} "{name}" not found',
-        "reason": "NotFound",
-        "code": 404,
-    }
-
-
-@pytest.fixture
-def api() -> Iterator[StandInApi]:
-    state = StandInApi()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self, status: int, body: dict[str, Any]) -> None:
-            payload = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def do_GET(self) -> None:  # noqa: N802
-            parts = self.path.split("?")[0].strip("/").split("/")
-            # api/v1/namespaces/<ns>/pods/<name>
-            if len(parts) == 6 and parts[:3] == ["api", "v1", "namespaces"] and parts[4] == "pods":
-                pod = state.pods.get((parts[3], parts[5]))
-                if pod is not None:
-                    return self._answer(200, pod)
-            return self._answer(404, _not_found("pods", parts[-1]))
-
-        def do_PATCH(self) -> None:  # noqa: N802
-            parts = self.path.split("?")[0].strip("/").split("/")
-            # apis/batch/v1/namespaces/<ns>/jobs/<name>
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            namespace, name = parts[4], parts[6]
-            state.patches.append(
-                {
-                    "path": self.path,
-                    "content_type": self.headers["Content-Type"],
-                    "body": body,
-                }
-            )
-            if (namespace, name) not in state.jobs:
-                return self._answer(404, _not_found("jobs.batch", name))
-            return self._answer(
-                200,
-                {
-                    "apiVersion": "batch/v1",
-                    "kind": "Job",
-                    "metadata": {"name": name, "namespace": namespace},
-                    "spec": {
-                        "suspend": body["spec"]["suspend"],
-                        "template": {"spec": {"containers": []}},
-                    },
-                },
-            )
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    )
-    thread.start()
-    yield state
-    server.shutdown()
-    server.server_close()
-
-
-def executor_for(api: StandInApi) -> KubernetesExecutor:
-    return KubernetesExecutor(api_client=client.ApiClient(client.Configuration(host=api.url)))
+def executor_for(api) -> KubernetesExecutor:
+    return KubernetesExecutor(api_client=api.client())
 
 
 def directive(action, *, pod=None, namespace="research", pid=None, directive_id=1):

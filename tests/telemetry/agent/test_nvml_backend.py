@@ -4,7 +4,9 @@ import pynvml
 import pytest
 
 from telemetry.agent.errors import BackendUnavailable
+from telemetry.agent.mapping import AllocationMapper
 from telemetry.agent.nvml_backend import NvmlBackend
+from telemetry.agent.slurm_mapping import SlurmAllocations
 
 MIB = 1024 * 1024
 SLEEPER = "import time\nwhile True: time.sleep(0.05)"
@@ -97,6 +99,18 @@ def test_nvml_backend_converts_units_and_maps_processes(fake_nvml, children):
     assert process.slurm_job == "4242"
     assert process.state == "running"
     assert samples[1].processes == ()
+
+
+def test_nvml_backend_maps_an_untagged_slurm_job_through_its_comment(fake_nvml, children, scontrol):
+    scontrol.job("4242", comment="gpumarket:allocation=17")
+    job = children.python(SLEEPER, env={"SLURM_JOB_ID": "4242"})
+    fake_nvml.devices.append(FakeDevice(index=0, pids=[job.pid]))
+
+    backend = NvmlBackend(mapper=AllocationMapper(sources=(SlurmAllocations(),)))
+    [sample] = backend.sample()
+
+    [process] = sample.processes
+    assert (process.pid, process.allocation, process.slurm_job) == (job.pid, 17, "4242")
 
 
 def test_nvml_backend_reports_a_vanished_process_unmapped(fake_nvml, children):

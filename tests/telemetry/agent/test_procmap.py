@@ -2,6 +2,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from telemetry.agent.procmap import environ_read, pod_find, process_describe, slurm_job_find
 
 SLEEPER = "import time\nwhile True: time.sleep(0.05)"
@@ -35,8 +37,10 @@ def test_process_describe_reports_a_stopped_child_as_stopped(children, wait_unti
     assert wait_until(lambda: process_describe(child.pid).state == "running")
 
 
-def test_process_describe_leaves_untagged_work_unmapped(children):
-    child = children.python(SLEEPER, env={"GPUMARKET_ALLOCATION": "not-a-number"})
+@pytest.mark.parametrize("value", ["not-a-number", "0", "-3", str(2**63)])
+def test_process_describe_leaves_untagged_work_unmapped(children, value):
+    # Out of the server's range the batch would be refused whole, so it is never sent.
+    child = children.python(SLEEPER, env={"GPUMARKET_ALLOCATION": value})
 
     info = process_describe(child.pid)
 

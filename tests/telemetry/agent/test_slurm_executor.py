@@ -1,41 +1,8 @@
-import json
-import os
-import stat
-
 import pytest
 
 from telemetry.agent.errors import ExecutorUnavailable
 from telemetry.agent.protocol import Directive, ObservedProcess, ProcessSample
 from telemetry.agent.slurm_executor import SlurmExecutor
-
-# Records its arguments, one JSON list per line; answers like scontrol does for a job the
-# controller no longer knows (job 404) or a refused operation (job 500).
-STAND_IN = """#!/bin/sh
-printf '%s\\n' "$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1:]))' "$@")" >> "{log}"
-case "$2" in
-  404) echo "scontrol: error: Invalid job id specified" >&2; exit 1 ;;
-  500) echo "scontrol: error: Access/permission denied" >&2; exit 1 ;;
-esac
-exit 0
-"""
-
-
-@pytest.fixture
-def scontrol(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "scontrol.log"
-    script = bin_dir / "scontrol"
-    script.write_text(STAND_IN.format(log=log))
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-
-    def calls():
-        if not log.exists():
-            return []
-        return [json.loads(line) for line in log.read_text().splitlines()]
-
-    return calls
 
 
 def directive(action, *, slurm_job=None, pid=None, directive_id=1):
