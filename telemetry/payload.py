@@ -40,6 +40,18 @@ PROCESS_STATES = frozenset({"running", "stopped"})
 OUTCOMES = frozenset({"done", "gone", "failed"})
 
 _NUMBER = (int, float)
+# Numeric sample fields checked alike: (name, lowest, highest, what the value must be).
+_RANGED_FIELDS = (
+    ("utilization_pct", 0, 100, "a percentage 0..100"),
+    ("power_w", 0, POWER_MAX_W, f"watts, 0..{POWER_MAX_W:.0f}"),
+    (
+        "temperature_c",
+        TEMPERATURE_MIN_C,
+        TEMPERATURE_MAX_C,
+        f"degrees Celsius, {TEMPERATURE_MIN_C:.0f}..{TEMPERATURE_MAX_C:.0f}",
+    ),
+    ("energy_j", 0, ENERGY_MAX_J, f"a cumulative energy counter in joules, 0..{ENERGY_MAX_J:.0e}"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,13 +336,6 @@ def _samples_parse(
         if type(at) is str:
             ok = False
             add(f"samples[{i}].at", at)
-        util = s.get("utilization_pct")
-        if type(util) not in _NUMBER or not 0 <= util <= 100:
-            ok = False
-            add(
-                f"samples[{i}].utilization_pct",
-                f"must be a percentage 0..100, got {_describe(util)}",
-            )
         used = s.get("memory_used_mib")
         total = s.get("memory_total_mib")
         if type(total) is not int or not 1 <= total <= MEMORY_MAX_MIB:
@@ -345,30 +350,13 @@ def _samples_parse(
                 f"samples[{i}].memory_used_mib",
                 f"must be a whole number of MiB between 0 and memory_total_mib ({total}), got {_describe(used)}",
             )
-        power = s.get("power_w")
-        if type(power) not in _NUMBER or not 0 <= power <= POWER_MAX_W:
-            ok = False
-            add(
-                f"samples[{i}].power_w",
-                f"must be watts, 0..{POWER_MAX_W:.0f}, got {_describe(power)}",
-            )
-        temperature = s.get("temperature_c")
-        if (
-            type(temperature) not in _NUMBER
-            or not TEMPERATURE_MIN_C <= temperature <= TEMPERATURE_MAX_C
+        util, power, temperature, energy = (s.get(name) for name, *_ in _RANGED_FIELDS)
+        for (name, low, high, what), value in zip(
+            _RANGED_FIELDS, (util, power, temperature, energy), strict=True
         ):
-            ok = False
-            add(
-                f"samples[{i}].temperature_c",
-                f"must be degrees Celsius, {TEMPERATURE_MIN_C:.0f}..{TEMPERATURE_MAX_C:.0f}, got {_describe(temperature)}",
-            )
-        energy = s.get("energy_j")
-        if type(energy) not in _NUMBER or not 0 <= energy <= ENERGY_MAX_J:
-            ok = False
-            add(
-                f"samples[{i}].energy_j",
-                f"must be a cumulative energy counter in joules, 0..{ENERGY_MAX_J:.0e}, got {_describe(energy)}",
-            )
+            if type(value) not in _NUMBER or not low <= value <= high:
+                ok = False
+                add(f"samples[{i}].{name}", f"must be {what}, got {_describe(value)}")
         processes_raw = s.get("processes")
         processes: tuple[ProcessReport, ...] = ()
         if processes_raw is not None and processes_raw != []:
