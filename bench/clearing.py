@@ -22,10 +22,10 @@ from pathlib import Path
 import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
+from market.clearing.rules import build_market, open_market
 
 from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear, highs
 from market.clearing.inputs import instance_arrays
-from market.clearing.market import build_market, open_market
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gavel"
 GPU_TYPES = ("k80", "p100", "v100")
@@ -118,7 +118,7 @@ def recorded_calls(inst: Instance, policy: str, params: dict | None) -> list:
 
         cp.Problem.solve = spy
         try:
-            clear(inst, policy=policy, params=params)
+            clear(inst, mechanism=policy, params=params)
         finally:
             cp.Problem.solve = original
     else:
@@ -130,7 +130,7 @@ def recorded_calls(inst: Instance, policy: str, params: dict | None) -> list:
 
         highs.solve = spy_highs
         try:
-            clear(inst, policy=policy, params=params)
+            clear(inst, mechanism=policy, params=params)
         finally:
             highs.solve = original
     return calls
@@ -191,7 +191,7 @@ def main() -> None:
                 print(f"{policy:8} {tenants:7} {bids:7} {tiers:5}  skipped (> --max-fair-bids)")
                 continue
             params = None if policy == "fisher" else {"time_limit": args.time_limit}
-            r = clear(inst, policy=policy, params=params)
+            r = clear(inst, mechanism=policy, params=params)
             d = r.diagnostics
             if policy == "welfare":
                 try:

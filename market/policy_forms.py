@@ -15,6 +15,7 @@ from market.errors import MarketError
 from market.guardrails import guardrails_validate
 from market.models import PolicyVersion, Tier
 from market.services.policy import MAX_ROUND_MINUTES
+from market.services.round_clearing import QUOTAS_PARAM
 
 MAX_RESERVE = 10**9
 
@@ -155,6 +156,22 @@ class PolicyVersionForm(forms.Form):
             ) from exc
         if not isinstance(value, dict):
             raise forms.ValidationError('parameters must be a JSON object, e.g. {"key": 1}')
+        quotas = value.get(QUOTAS_PARAM)
+        if quotas not in (None, "by_weight") and not (
+            isinstance(quotas, dict)
+            and all(
+                isinstance(row, dict)
+                and all(
+                    isinstance(g, int) and not isinstance(g, bool) and 0 <= g <= 100_000
+                    for g in row.values()
+                )
+                for row in quotas.values()
+            )
+        ):
+            raise forms.ValidationError(
+                f'{QUOTAS_PARAM}: use "by_weight" or {{"tenant-slug": {{"tier-slug": GPUs}}}} '
+                "with whole numbers of GPUs from 0 to 100000"
+            )
         return value
 
     def clean(self) -> dict[str, Any]:

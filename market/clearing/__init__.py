@@ -1,7 +1,7 @@
 """Market clearing: instance in, result out. Pure Python + numpy + solvers; no Django.
 
 from market.clearing import clear, Instance, Tier, Tenant, Bid
-result = clear(instance, policy="welfare", params=None, divisible=False)
+result = clear(instance, mechanism="welfare", params=None, divisible=False)
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 
 from .errors import ClearingError, SolverError
-from .inputs import Bid, Instance, Tenant, Tier, instance_arrays
-from .market import EPS, build_market
-from .metrics import envy_count, equal_split_utility, jain, share_ratios, tenant_matrix
-from .policies import POLICIES, policy_params
+from .inputs import Arrays, Bid, Instance, Tenant, Tier, instance_arrays
+from .mechanisms import MECHANISMS, mechanism_params
+from .metrics import envy_count, jain, tenant_matrix
 from .result import Allocation, Result
+from .rules import EPS, build_market, weight_quotas
 
 __all__ = [
-    "POLICIES",
+    "MECHANISMS",
     "Allocation",
     "Bid",
     "ClearingError",
@@ -33,34 +33,67 @@ __all__ = [
 ]
 
 
+def _quotas(instance: Instance, a: Arrays, divisible: bool) -> dict[tuple[int, int], float]:
+    if instance.quotas == "by_weight":
+        return weight_quotas(a, divisible=divisible)
+    tenants = {name: i for i, name in enumerate(a.tenant_names)}
+    tiers = {name: t for t, name in enumerate(a.tier_names)}
+    return {
+        (tenants[tenant], tiers[tier]): float(gpus)
+        for tenant, row in instance.quotas.items()
+        for tier, gpus in row.items()
+        if gpus > 0
+    }
+
+
+def _whole_quantities(instance: Instance) -> None:
+    for bid in sorted(instance.bids, key=lambda b: b.id):
+        for field in ("quantity", "min_quantity"):
+            value = getattr(bid, field)
+            if value != int(value):
+                raise ClearingError(
+                    f"bid {bid.id!r}.{field}: {value:g} is not a whole number of GPUs; "
+                    "round it, or clear divisibly"
+                )
+
+
 def clear(
     instance: Instance,
     *,
-    policy: str = "welfare",
+    mechanism: str = "welfare",
     params: Mapping[str, Any] | None = None,
     divisible: bool = False,
 ) -> Result:
     """Clear one round. Whole GPUs unless ``divisible`` (fractional GPU-hours, for analysis).
 
-    Raises ClearingError for a bad policy or parameter, SolverError (a ClearingError) when a
-    solver ends without a proven result.
+    Raises ClearingError for a bad mechanism, parameter or instance, SolverError (a
+    ClearingError) when a solver ends without a proven result.
     """
     start = time.perf_counter()
     if not isinstance(instance, Instance):
         raise ClearingError("instance: must be a market.clearing.Instance")
-    chosen = policy_params(policy, params)
+    chosen = mechanism_params(mechanism, params)
+    if not divisible:
+        _whole_quantities(instance)
     arrays = instance_arrays(instance)
-    market = build_market(arrays, divisible=divisible)
-    outcome = POLICIES[policy].run(market, chosen)
+    market = build_market(arrays, divisible=divisible, quotas=_quotas(instance, arrays, divisible))
+    outcome = MECHANISMS[mechanism].run(market, chosen)
 
     a = arrays
     x = outcome.x if divisible else np.rint(outcome.x)
+    x = np.where(x > EPS, x, 0.0)  # solver dust is neither allocated nor charged
     price_arc = np.minimum(outcome.prices[a.arc_tier], a.arc_price)
-    charge_bid = np.bincount(a.arc_bid, weights=x * price_arc, minlength=a.n_bids)
-    spend = np.bincount(a.bid_tenant, weights=charge_bid, minlength=a.n_tenants)
+    charge_arc = x * price_arc
+    spend = np.bincount(a.arc_tenant, weights=charge_arc, minlength=a.n_tenants).astype(float)
+    if outcome.budget_cap is not None:
+        # Never above a budget: a tenant over it pays its budget, shared across its GPUs.
+        cap = outcome.budget_cap
+        factor = np.minimum(1.0, np.divide(cap, spend, out=np.ones_like(spend), where=spend > 0))
+        charge_arc = charge_arc * factor[a.arc_tenant]
+        spend = np.bincount(a.arc_tenant, weights=charge_arc, minlength=a.n_tenants)
+    charge_bid = np.bincount(a.arc_bid, weights=charge_arc, minlength=a.n_bids)
     won = np.flatnonzero(x > EPS)
-    number = float if divisible else int
-    gpus = x[won].astype(np.int64 if number is int else float).tolist()
+    gpus = x[won].astype(float if divisible else np.int64).tolist()
     allocations = tuple(
         map(
             Allocation._make,
@@ -76,20 +109,23 @@ def clear(
     charges = dict(zip([a.bid_ids[b] for b in winners], charge_bid[winners].tolist(), strict=True))
 
     bundles = tenant_matrix(market, x)
-    utility = (bundles * outcome.values).sum(axis=1)
-    ratios = share_ratios(utility, a.weight, equal_split_utility(market, outcome.values))
+    utility = np.bincount(a.arc_tenant, weights=outcome.arc_value * x, minlength=a.n_tenants)
+    counted = outcome.fair > EPS
+    ratios = utility[counted] / outcome.fair[counted]
+    owed = outcome.guarantee > EPS
+    unmet = utility[owed] < outcome.guarantee[owed] * (1.0 - 1e-6)
     used = np.bincount(a.arc_tier, weights=x, minlength=a.n_tiers)
     utilisation = np.divide(used, a.capacity, out=np.zeros(a.n_tiers), where=a.capacity > 0)
-    total = time.perf_counter() - start
     solve, rounding = outcome.solve_seconds, outcome.rounding_seconds
     diagnostics: dict[str, Any] = {
-        "policy": policy,
+        "mechanism": mechanism,
         "status": outcome.status,
         "divisible": divisible,
         "welfare": float(x @ a.arc_price),
         "utilisation": dict(zip(a.tier_names, utilisation.tolist(), strict=True)),
         "jain": jain(ratios),
         "min_share_ratio": float(ratios.min()) if ratios.size else None,
+        "guarantees_unmet": int(unmet.sum()),
         "envy_violations": envy_count(
             outcome.values,
             bundles,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from . import clear
 from .errors import ClearingError, SolverError
 from .io import instance_from_json
-from .policies import POLICIES
+from .mechanisms import MECHANISMS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -18,7 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (message on stderr), 1 the solver could not give a proven result."""
     parser = argparse.ArgumentParser(prog="gpumarket clear", description=__doc__)
     parser.add_argument("instance", help="path to the instance JSON")
-    parser.add_argument("--policy", choices=sorted(POLICIES), help="overrides policy.name")
+    parser.add_argument("--policy", choices=sorted(MECHANISMS), help="overrides policy.name")
     parser.add_argument("--divisible", action="store_true", help="fractional GPU-hours")
     try:
         args = parser.parse_args(argv)
@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.policy and args.policy != policy:
             params = None  # the file's params belong to the file's policy
             policy = args.policy
-        result = clear(instance, policy=policy, params=params, divisible=args.divisible)
+        result = clear(instance, mechanism=policy, params=params, divisible=args.divisible)
     except SolverError as exc:
         print(f"gpumarket clear: {exc}", file=sys.stderr)
         return 1

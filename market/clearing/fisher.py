@@ -1,15 +1,26 @@
-"""Fisher market: Eisenberg-Gale proportional fairness with budgets.
+"""Fisher market: Eisenberg-Gale proportional fairness with budgets, under the guarantee.
 
-max  sum_i B_i log u_i,  u_i = u0_i + sum_{e of i} v_e x_e
-s.t. bid quantity, share caps, tier capacity (over the room left after the floors), x >= 0
+max  sum_i B_i log u_i,  u_i = h_i + sum_{e of i} v_e x_e   (h_i: value of a reserved quota)
+s.t. the market's constraints, and u_i >= g_i (the guarantee, rules.guarantees)
 
-B_i is the tenant's budget, capped by the most it could spend (its bids' quantity times
-their highest limit), which is also the budget when none is set. u0_i is the value of the
-tenant's floor reservation. Prices are the capacity duals: with B_i in credits per hour the
-dual of a tier is in credits per GPU-hour (the objective is scaled by 1 / sum B for the
-solver, so the dual is scaled back). A mixed-integer conic solver is not available, so gang
-bids are relaxed, then fixed: a gang bid that got at least its minimum keeps it as a lower
-bound, the others are dropped, and the problem is solved again.
+B_i is the tenant's budget where one is set (credits per hour); otherwise the market's money,
+M = what every bid could pay at most, shared in proportion to the weights. A tenant with
+weight 0 (when others have weight) or no money is no buyer in the fair division: once the
+buyers are served it gets what is left that it values (a fill LP) and pays the prices, never
+above its budget. Demand caps (bid
+quantities) break the textbook guarantees of the Fisher market — on Gavel's 26-job instance
+with one GPU per job, equal budgets leave the worst job at 0.909 of its split — which is why
+the guarantee is a constraint here; envy is reported by ``clear``.
+
+Prices are the capacity duals scaled to money (the objective is normalised by sum B, so the
+dual of a tier is scaled back), never below the reserve; a tier where nothing sold is priced
+at its reserve. A tenant is never charged above its budget (``clear`` scales its charges).
+A mixed-integer conic solver is not available, so gang bids are relaxed, then fixed: a gang
+that got its minimum keeps it (on its best tier, unless it may mix tiers) as a lower bound,
+the others are dropped, and the problem is solved again. Whole GPUs: up to MILP_COLUMNS arcs, a
+mixed-integer program maximises the EG objective linearised at the fractional optimum,
+sum_i (B_i / u_i) u_i(x), with the guarantee rows and exact gang rows; above that, the
+fractional solution is rounded in the same priority, guarantees first (rounding.py).
 """
 
 from __future__ import annotations
@@ -22,21 +33,22 @@ import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
+from . import lp
 from .errors import SolverError
-from .market import EPS, Market, OpenMarket, Outcome, open_market
-from .policies_common import tenant_values
+from .program import guarantee_rows, market_program, residual, utility_rows
 from .rounding import round_whole
+from .rules import EPS, Market, OpenMarket, Outcome, guarantees, open_market
+from .values import tenant_values
 
 # The objective is a budget-weighted mean of logs (weights sum to 1), so a duality gap of
 # 1e-6 relative is far below what one whole GPU changes. At the default 1e-8 the solver
-# stalls near 1e-7 on 100k-bid instances and ends "almost solved", which we must refuse.
+# stalls near 1e-7 on 100k-bid instances and ends "almost solved".
 CLARABEL_OPTIONS = {"tol_gap_abs": 1e-7, "tol_gap_rel": 1e-6}
-
-
-def _incidence(rows: np.ndarray, n_rows: int, weights: np.ndarray | None = None) -> sp.csr_matrix:
-    cols = np.arange(rows.size)
-    data = np.ones(rows.size) if weights is None else weights
-    return sp.csr_matrix((data, (rows, cols)), shape=(n_rows, rows.size))
+MILP_COLUMNS = 5000  # whole-GPU programs up to this many arcs are solved exactly
+LEFTOVER = 1e-6  # a budget-less tenant's weight in the whole-GPU objective, relative
+LOG_GRID = 1.25  # ratio between the utilities whose tangents bound log u in whole-GPU mode
+FEASIBLE = 1e-6  # relative row violation accepted from an "almost solved" conic result
+GANG_SLACK = 1e-4  # a relaxed gang within this fraction of its minimum counts as served
 
 
 def _solve_eg(
@@ -46,27 +58,35 @@ def _solve_eg(
     tenant: np.ndarray,
     v: np.ndarray,
     budget: np.ndarray,
-    u0: np.ndarray,
-    gang_min: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """Arc GPUs (E,), tier duals (T,) per unit of normalised budget, solver seconds."""
+    held: np.ndarray,
+    guarantee: np.ndarray,
+    arc_min: np.ndarray,
+    bid_min: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, float, str]:
+    """Arc GPUs (E,), tier duals (T,) per unit of normalised budget, seconds, status."""
     T = om.tier_room.size
     buyers, t_row = np.unique(tenant[om.arc_bid[cols]], return_inverse=True)
     bids, b_row = np.unique(om.arc_bid[cols], return_inverse=True)
     x = cp.Variable(cols.size, nonneg=True)
     scale = float(v[cols].max())
-    utility = u0[buyers] / scale + _incidence(t_row, buyers.size, v[cols] / scale) @ x
+    utility = held[buyers] / scale + lp.incidence(t_row, buyers.size, v[cols] / scale) @ x
     weight = budget[buyers] / budget[buyers].sum()
-    per_bid = _incidence(b_row, bids.size) @ x
-    capacity = _incidence(om.arc_tier[cols], T) @ x <= om.tier_room
+    per_bid = lp.incidence(b_row, bids.size) @ x
+    capacity = lp.incidence(om.arc_tier[cols], T) @ x <= om.tier_room
     constraints = [per_bid <= om.bid_room[bids], capacity]
-    kept = gang_min[bids] > 0
-    if kept.any():
-        constraints.append(per_bid[np.flatnonzero(kept)] >= gang_min[bids][kept])
+    if (arc_min[cols] > 0).any():
+        at = np.flatnonzero(arc_min[cols] > 0)
+        constraints.append(x[at] >= arc_min[cols][at])
+    if (bid_min[bids] > 0).any():
+        at = np.flatnonzero(bid_min[bids] > 0)
+        constraints.append(per_bid[at] >= bid_min[bids][at])
+    need = np.flatnonzero(guarantee[buyers] - held[buyers] > EPS)
+    if need.size:
+        constraints.append(utility[need] >= guarantee[buyers][need] / scale)
     c = om.arc_capped[cols]
     if (c >= 0).any():
         groups, g_row = np.unique(c[c >= 0], return_inverse=True)
-        in_group = _incidence(g_row, groups.size)
+        in_group = lp.incidence(g_row, groups.size)
         constraints.append(in_group @ x[np.flatnonzero(c >= 0)] <= om.group_room[groups])
     problem = cp.Problem(cp.Maximize(weight @ cp.log(utility)), constraints)
     start = time.perf_counter()
@@ -75,11 +95,25 @@ def _solve_eg(
     except cp.error.SolverError as exc:
         raise SolverError(f"fisher problem: the conic solver failed ({exc})") from exc
     seconds = time.perf_counter() - start
-    if problem.status != cp.OPTIMAL:
+    status = "optimal"
+    if problem.status == cp.OPTIMAL_INACCURATE and _feasible(constraints):
+        status = "inaccurate"  # "almost solved" and feasible to FEASIBLE: good for whole GPUs
+    elif problem.status != cp.OPTIMAL:
         raise SolverError(f"fisher problem: the solver stopped with status {problem.status!r}")
     out = np.zeros(om.arc_bid.size)
     out[cols] = np.clip(x.value, 0.0, None)
-    return out, np.maximum(np.asarray(capacity.dual_value).ravel(), 0.0), seconds
+    return out, np.maximum(np.asarray(capacity.dual_value).ravel(), 0.0), seconds, status
+
+
+def _feasible(constraints: list) -> bool:
+    """Every row holds to FEASIBLE, relative to its bound."""
+    for c in constraints:
+        if any(v.value is None for v in c.variables()):
+            return False
+        bound = float(np.max(np.abs(c.args[1].value), initial=0.0))
+        if float(np.max(c.violation(), initial=0.0)) > FEASIBLE * (1.0 + bound):
+            return False
+    return True
 
 
 def eg_objective(budget: np.ndarray, utility: np.ndarray) -> float:
@@ -87,16 +121,37 @@ def eg_objective(budget: np.ndarray, utility: np.ndarray) -> float:
     return float(budget[counted] @ np.log(np.maximum(utility[counted], 1e-300)))
 
 
+def budgets(market: Market) -> np.ndarray:
+    """B_i (N,), credits per hour: given, or the market's money shared by weight."""
+    a = market.arrays
+    N, B = a.n_tenants, a.n_bids
+    best = np.zeros(B)
+    np.maximum.at(best, a.arc_bid, a.arc_price)
+    most = np.bincount(a.bid_tenant, weights=a.quantity * best, minlength=N)
+    given = ~np.isnan(a.budget)
+    free = ~given
+    weights = np.where(free, a.weight, 0.0)
+    money = most[free].sum()
+    if weights.sum() > 0:
+        share = money * weights / weights.sum()
+    else:
+        share = np.full(N, money / max(int(free.sum()), 1))
+    return np.where(given, np.nan_to_num(a.budget), share)
+
+
 def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
     a = market.arrays
     N, B = a.n_tenants, a.n_bids
     values = tenant_values(market, params["values"])
     v = values[a.arc_tenant, a.arc_tier]
-    best = np.zeros(B)
-    np.maximum.at(best, a.arc_bid, a.arc_price)
-    most = np.bincount(a.bid_tenant, weights=a.quantity * best, minlength=N)
-    budget = np.where(np.isnan(a.budget), most, np.minimum(np.nan_to_num(a.budget), most))
-    u0 = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
+    budget = budgets(market)
+    # Without weight, no entitlement: such a tenant (and one without money) is not a buyer in
+    # the fair division; it takes what is left that it values. Holding it out also keeps the
+    # guarantees (shares of the weighted tenants) from forcing a buyer's utility to 0.
+    left_out = (budget <= 0) | ((a.weight <= 0) & bool((a.weight > 0).any()))
+    budget = np.where(left_out, 0.0, budget)
+    g = guarantees(market, v)
+    held = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
     om = open_market(market)
     # Only arcs that can carry a GPU enter: a log term whose utility is forced to 0 has no
     # optimum, so a tenant with nothing obtainable is left out of the objective instead.
@@ -110,41 +165,192 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
     )
     x = np.zeros(a.arc_bid.size)
     duals = np.zeros(a.n_tiers)
-    seconds = 0.0
-    gang_min = np.zeros(B)
+    seconds, status = 0.0, "optimal"
+    arc_min, bid_min = np.zeros(a.arc_bid.size), np.zeros(B)
+    common = dict(tenant=a.bid_tenant, v=v, budget=budget, held=held, guarantee=g)
     if cols.size:
-        x, duals, seconds = _solve_eg(
-            om, cols, tenant=a.bid_tenant, v=v, budget=budget, u0=u0, gang_min=gang_min
-        )
+        x, duals, seconds, status = _solve_eg(om, cols, arc_min=arc_min, bid_min=bid_min, **common)
         if market.is_gang.any():
-            got = np.bincount(a.arc_bid, weights=x, minlength=B)
-            keep = market.is_gang & (got >= a.min_quantity - 1e-6)
-            gang_min = np.where(keep, a.min_quantity, 0.0)
-            cols = cols[~(market.is_gang & ~keep)[a.arc_bid[cols]]]
+            fixed, arc_min, bid_min = _fix_gangs(market, cols, x)
             x = np.zeros(a.arc_bid.size)
-            if cols.size:
-                x, duals, more = _solve_eg(
-                    om, cols, tenant=a.bid_tenant, v=v, budget=budget, u0=u0, gang_min=gang_min
-                )
-                seconds += more
-    prices = np.maximum(a.reserve, duals * budget[budget > 0].sum())
+            try:
+                if fixed.size:
+                    x, duals, more, status = _solve_eg(
+                        om, fixed, arc_min=arc_min, bid_min=bid_min, **common
+                    )
+                    seconds += more
+            except SolverError:
+                # The gangs fixed where the relaxation put them can crowd out a guarantee:
+                # drop every gang bid instead, which no hard constraint forbids.
+                cols = cols[~market.is_gang[a.arc_bid[cols]]]
+                arc_min, bid_min = np.zeros(a.arc_bid.size), np.zeros(B)
+                status = "fallback"
+                if cols.size:
+                    x, duals, more, _ = _solve_eg(
+                        om, cols, arc_min=arc_min, bid_min=bid_min, **common
+                    )
+                    seconds += more
+    if left_out.any():
+        x, more = _fill(market, om, x, left_out=left_out, v=v)
+        seconds += more
+    sold = np.bincount(a.arc_tier, weights=x, minlength=a.n_tiers) > EPS
+    prices = np.where(sold, np.maximum(a.reserve, duals * budget.sum()), a.reserve)
     loss, rounding_seconds = 0.0, 0.0
     if not market.divisible:
         start = time.perf_counter()
-        utility = u0 + np.bincount(a.arc_tenant, weights=v * x, minlength=N)
-        marginal = np.divide(budget, utility, out=np.zeros(N), where=utility > 0)
-        whole = round_whole(om, x=x, priority=marginal[a.arc_tenant] * v, gang_min=gang_min)
-        rounded = u0 + np.bincount(a.arc_tenant, weights=v * whole, minlength=N)
+        utility = held + np.bincount(a.arc_tenant, weights=v * x, minlength=N)
+        gang_min = np.maximum(bid_min, np.bincount(a.arc_bid, weights=arc_min, minlength=B))
+        whole, more, status = _whole(
+            market,
+            om,
+            x=x,
+            v=v,
+            budget=budget,
+            held=held,
+            target=g - held,
+            gang_min=gang_min,
+            status=status,
+            time_limit=float(params["time_limit"]),
+        )
+        seconds += more
+        rounded = held + np.bincount(a.arc_tenant, weights=v * whole, minlength=N)
         loss = eg_objective(budget, utility) - eg_objective(budget, rounded)
         x = whole
-        rounding_seconds = time.perf_counter() - start
+        rounding_seconds = time.perf_counter() - start - more
+        sold = np.bincount(a.arc_tier, weights=x, minlength=a.n_tiers) > EPS
+        prices = np.where(sold, prices, a.reserve)
     return Outcome(
         x=market.floor_x + x,
         prices=prices,
-        status="optimal",
+        status=status,
         solve_seconds=seconds,
         rounding_seconds=rounding_seconds,
         rounding_loss=loss,
         entitlement=budget,
         values=values,
+        arc_value=v,
+        guarantee=g,
+        fair=guarantees(market, v, fractional=True),
+        budget_cap=np.where(np.isnan(a.budget), np.inf, a.budget),
     )
+
+
+def _fix_gangs(
+    market: Market, cols: np.ndarray, x: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """After the relaxed solve: the arcs kept, per-arc minimums (one-tier gangs on their best
+    tier) and per-bid minimums (mixed-tier gangs)."""
+    a = market.arrays
+    E, B = a.arc_bid.size, a.n_bids
+    arc_min, bid_min = np.zeros(E), np.zeros(B)
+    keep = np.ones(E, dtype=bool)
+    got = np.bincount(a.arc_bid, weights=x, minlength=B)
+    first = np.searchsorted(a.arc_bid, np.arange(B + 1))  # arcs are sorted by bid
+    for b in np.flatnonzero(market.is_gang).tolist():
+        arcs = np.arange(first[b], first[b + 1])
+        if market.one_tier[b]:
+            e = arcs[np.argmax(x[arcs])] if arcs.size else -1  # its tier with the most GPUs
+            if e >= 0 and x[e] >= a.min_quantity[b] * (1 - GANG_SLACK):
+                arc_min[e] = a.min_quantity[b]
+                keep[arcs[arcs != e]] = False
+            else:
+                keep[arcs] = False
+        elif got[b] >= a.min_quantity[b] * (1 - GANG_SLACK):
+            bid_min[b] = a.min_quantity[b]
+        else:
+            keep[arcs] = False
+    return cols[keep[cols]], arc_min, bid_min
+
+
+def _fill(
+    market: Market, om: OpenMarket, x: np.ndarray, *, left_out: np.ndarray, v: np.ndarray
+) -> tuple[np.ndarray, float]:
+    """The tenants without money take what is left that they value: an LP over their arcs."""
+    a = market.arrays
+    rest = residual(om, x)
+    cols = np.flatnonzero(
+        left_out[a.arc_tenant]
+        & (v > 0)
+        & (rest.bid_room[a.arc_bid] > EPS)
+        & ~market.is_gang[a.arc_bid]
+    )
+    if cols.size == 0:
+        return x, 0.0
+    sk = market_program(market, rest, what="fisher leftovers", gangs=False, cols=cols)
+    sol = sk.program.maximise([(sk.x, v[cols])], relax=True)
+    filled = x.copy()
+    filled[cols] += np.clip(sol["x"], 0.0, None)
+    return filled, sol.seconds
+
+
+def _whole(
+    market: Market,
+    om: OpenMarket,
+    *,
+    x: np.ndarray,
+    v: np.ndarray,
+    budget: np.ndarray,
+    held: np.ndarray,
+    target: np.ndarray,
+    gang_min: np.ndarray,
+    status: str,
+    time_limit: float,
+) -> tuple[np.ndarray, float, str]:
+    """Whole GPUs per arc, solver seconds, status.
+
+    Up to MILP_COLUMNS arcs: max sum_i B_i t_i with t_i under the tangents of log u_i at a
+    geometric grid of utilities (ratio LOG_GRID, from half the tenant's smallest GPU value
+    to all it could get), the guarantee rows and exact gang rows: the Nash welfare in whole
+    GPUs, within log(LOG_GRID)^2 / 8 per tenant. Tenants without money add their value at a
+    tiny weight, so they only take what is left. Above that size, rounding in EG priority.
+    """
+    a = market.arrays
+    N = a.n_tenants
+    sk = market_program(market, om, what="fisher problem (whole GPUs)")
+    # The buyers with something to win; a log term with nothing under it is unbounded.
+    can_win = np.bincount(a.arc_tenant[sk.cols], weights=v[sk.cols] > 0, minlength=N) > 0
+    buyers = np.flatnonzero((budget > 0) & can_win)
+    if sk.cols.size <= MILP_COLUMNS:
+        guarantee_rows(sk, market, v, target)
+        U = utility_rows(market, sk.cols, v)
+        p = sk.program
+        t = p.variables("t", buyers.size, lo=-np.inf)
+        best = np.zeros(a.n_bids)
+        np.maximum.at(best, a.arc_bid, v)
+        most = held + np.bincount(a.bid_tenant, weights=a.quantity * best, minlength=N)
+        rows_u, rows_t, rhs = [], [], []
+        for k, i in enumerate(buyers.tolist()):
+            mine = v[sk.cols][a.arc_tenant[sk.cols] == i]
+            low = 0.5 * mine[mine > 0].min()
+            steps = int(np.ceil(np.log(max(most[i], low) / low) / np.log(LOG_GRID))) + 1
+            for u_k in np.geomspace(low, max(most[i], low), num=max(steps, 2)):
+                rows_u.append(-U[i] / u_k)  # t_i - u_i / u_k <= log u_k - 1
+                rows_t.append(k)
+                rhs.append(np.log(u_k) - 1.0 + held[i] / u_k)
+        if rows_u:
+            p.constrain(
+                "nash",
+                [
+                    (sk.x, sp.vstack(rows_u).tocsr()),
+                    (t, lp.incidence(np.array(rows_t), buyers.size).T.tocsr()),
+                ],
+                hi=np.array(rhs),
+            )
+        real = budget[buyers]
+        tiny = LEFTOVER * (real.min() if real.size else 1.0) / max(float(v.max(initial=1.0)), EPS)
+        leftover = np.where(np.isin(a.arc_tenant[sk.cols], buyers), 0.0, tiny * v[sk.cols])
+        sol = p.maximise([(t, real), (sk.x, leftover)], time_limit=time_limit)
+        if sol.status != "no_solution":
+            whole = np.zeros(a.arc_bid.size)
+            whole[sk.cols] = np.rint(sol["x"])
+            return whole, sol.seconds, status if sol.status == "optimal" else sol.status
+    whole = round_whole(
+        om,
+        x=x,
+        arc_tenant=a.arc_tenant,
+        arc_value=v,
+        guarantee=target,
+        priority=lambda u: np.where(budget > 0, budget / np.maximum(held + u, EPS), 0.0),
+        gang_min=gang_min,
+    )
+    return whole, 0.0, "rounded" if status == "optimal" else status

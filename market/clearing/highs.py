@@ -43,6 +43,10 @@ def solve(
     tenths of a second at 10k rows).
     """
     A = sp.csc_matrix(matrix)
+    if A.shape[1] == 0:  # nothing to decide: feasible exactly when every row admits 0
+        if np.any(np.asarray(row_lo) > 0) or np.any(np.asarray(row_hi) < 0):
+            raise SolverError(f"{what}: the solver stopped with status 'Infeasible'")
+        return LpSolution(np.zeros(0), np.zeros(A.shape[0]), "optimal", 0.0)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = A.shape[1], A.shape[0]
     lp.sense_ = highspy.ObjSense.kMaximize

@@ -71,6 +71,7 @@ class Bid:
     quantity: float  # GPUs wanted (>= 1)
     limits: Mapping[str, float] = field(default_factory=dict)  # tier -> credits/GPU-hour
     min_quantity: float = 0.0  # gang minimum; 0 = divisible, == quantity = all-or-nothing
+    mixed_tiers: bool = False  # a gang may take its GPUs from several tiers
 
     def __post_init__(self) -> None:
         where = f"bid {self.id!r}"
@@ -82,6 +83,8 @@ class Bid:
         m = _finite_nonneg(self.min_quantity, f"{where}.min_quantity")
         if m > q:
             raise ClearingError(f"{where}.min_quantity: {m:g} is more than quantity {q:g}")
+        if not isinstance(self.mixed_tiers, bool):
+            raise ClearingError(f"{where}.mixed_tiers: must be true or false")
         for tier, price in self.limits.items():
             _finite_nonneg(price, f"{where}.limits.{tier}", "price ")
         # A private copy: later edits to the caller's dict cannot change a frozen bid.
@@ -93,6 +96,10 @@ class Instance:
     tiers: tuple[Tier, ...]
     tenants: tuple[Tenant, ...]
     bids: tuple[Bid, ...]
+    # Reserved quotas: {tenant: {tier: GPUs}} set aside before the mechanism runs (like a
+    # nominal quota); "by_weight" sets each tenant's weighted share of every tier it bids on.
+    # Empty (the default): no reservation; the guarantee holds inside each mechanism.
+    quotas: Mapping[str, Mapping[str, float]] | str = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tiers", tuple(self.tiers))
@@ -114,6 +121,27 @@ class Instance:
             for tier in bid.limits:
                 if tier not in tiers:
                     raise ClearingError(f"bid {bid.id!r}.limits: unknown tier {tier!r}")
+        self._check_quotas(tiers, tenants)
+
+    def _check_quotas(self, tiers: set[str], tenants: set[str]) -> None:
+        if isinstance(self.quotas, str):
+            if self.quotas != "by_weight":
+                raise ClearingError(
+                    f'quotas: {self.quotas!r} is not a setting; use "by_weight" or '
+                    "{tenant: {tier: GPUs}}"
+                )
+            return
+        if not isinstance(self.quotas, Mapping):
+            raise ClearingError("quotas: must be an object {tenant: {tier: GPUs}}")
+        for tenant, row in self.quotas.items():
+            if tenant not in tenants:
+                raise ClearingError(f"quotas.{tenant}: unknown tenant")
+            if not isinstance(row, Mapping):
+                raise ClearingError(f"quotas.{tenant}: must be an object {{tier: GPUs}}")
+            for tier, gpus in row.items():
+                if tier not in tiers:
+                    raise ClearingError(f"quotas.{tenant}.{tier}: unknown tier")
+                _finite_nonneg(gpus, f"quotas.{tenant}.{tier}", "GPUs ")
 
 
 @dataclass(frozen=True)
@@ -134,6 +162,7 @@ class Arrays:
     bid_tenant: np.ndarray  # (B,) tenant index
     quantity: np.ndarray  # (B,) GPUs
     min_quantity: np.ndarray  # (B,) GPUs; 0 = divisible
+    mixed_tiers: np.ndarray  # (B,) bool, a gang may span tiers
     arc_bid: np.ndarray  # (E,) bid index
     arc_tier: np.ndarray  # (E,) tier index
     arc_price: np.ndarray  # (E,) limit, credits/GPU-hour
@@ -157,7 +186,8 @@ class Arrays:
 
 def instance_arrays(instance: Instance) -> Arrays:
     """Flatten the instance. One pass over the bid objects; everything after is numpy."""
-    tiers, tenants = instance.tiers, instance.tenants
+    # Tenants by name and bids by id, so that the order of the input changes nothing.
+    tiers, tenants = instance.tiers, tuple(sorted(instance.tenants, key=attrgetter("name")))
     tier_index = {t.name: i for i, t in enumerate(tiers)}
     tenant_index = {t.name: i for i, t in enumerate(tenants)}
     bids = sorted(instance.bids, key=attrgetter("id"))
@@ -182,12 +212,13 @@ def instance_arrays(instance: Instance) -> Arrays:
         reserve=reserve,
         cap_share=np.array([t.max_share for t in tiers], dtype=float),
         weight=np.array([t.weight for t in tenants], dtype=float),
-        budget=np.array([np.nan if t.budget is None else t.budget for t in tenants]),
+        budget=np.array([np.nan if t.budget is None else t.budget for t in tenants], dtype=float),
         bid_tenant=np.fromiter(
             map(tenant_index.__getitem__, map(attrgetter("tenant"), bids)), np.int64, len(bids)
         ),
         quantity=np.fromiter(map(attrgetter("quantity"), bids), float, len(bids)),
         min_quantity=np.fromiter(map(attrgetter("min_quantity"), bids), float, len(bids)),
+        mixed_tiers=np.fromiter(map(attrgetter("mixed_tiers"), bids), bool, len(bids)),
         arc_bid=arc_bid[keep][order],
         arc_tier=arc_tier[keep][order],
         arc_price=arc_price[keep][order],

@@ -21,7 +21,7 @@ from typing import Any
 
 from .errors import ClearingError
 from .inputs import Bid, Instance, Tenant, Tier
-from .policies import policy_params
+from .mechanisms import mechanism_params
 
 _MISSING = object()
 
@@ -176,7 +176,7 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
             "params": ({}, lambda v, w: v),
         },
     )
-    params = policy_params(policy["name"], policy["params"])
+    params = mechanism_params(policy["name"], policy["params"])
     instance = Instance(
         tiers=tuple(Tier(**t) for t in tiers),
         tenants=tuple(Tenant(**t) for t in tenants),

@@ -1,4 +1,4 @@
-"""Minimal competitive-equilibrium prices of an optimal welfare allocation.
+"""Least competitive-equilibrium prices of an optimal welfare allocation.
 
 The optimal dual prices form a lattice; its least element is the smallest uniform price
 per tier at which the allocation is an equilibrium. On the residual network of an optimal
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import lp
 from .errors import SolverError
-from .market import EPS, OpenMarket
+from .rules import EPS, Market, OpenMarket
 
 
 def _max_at(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:
@@ -66,3 +67,69 @@ def minimal_prices(m: OpenMarket, x: np.ndarray) -> np.ndarray:
         if settled:
             return np.maximum(q_tier, 0.0)
     raise SolverError("welfare prices: the allocation is not optimal (prices did not settle)")
+
+
+def least_duals(
+    m: OpenMarket,
+    cols: np.ndarray,
+    x: np.ndarray,
+    *,
+    target: np.ndarray,
+    arc_value: np.ndarray,
+    market: Market,
+) -> np.ndarray:
+    """Least capacity duals (T,) of the welfare program with guarantee rows, on the optimal
+    face of the LP optimum ``x``: min sum pi subject to dual feasibility and complementary
+    slackness with x. Per arc e of bid b, tenant i, tier t, capped group g:
+        pi_t + gamma_g + u_b - lambda_i v_e >= s_e   (= where x_e > 0)
+    with a dual fixed at 0 wherever its row is slack. lambda_i is the subsidy that holds
+    tenant i's guarantee; pi_t is the tier's price over the reserve."""
+    a = market.arrays
+    T, B, N, G = m.tier_room.size, m.bid_room.size, a.n_tenants, m.group_room.size
+    tol = 1e-7 * (1.0 + float(np.abs(m.arc_price).max(initial=0.0)))
+    tier_flow = np.bincount(m.arc_tier, weights=x, minlength=T)
+    bid_flow = np.bincount(m.arc_bid, weights=x, minlength=B)
+    c = m.arc_capped >= 0
+    group_flow = np.bincount(m.arc_capped[c], weights=x[c], minlength=G)
+    utility = np.bincount(a.arc_tenant, weights=arc_value * x, minlength=N)
+    p = lp.Program("welfare prices")
+    pi = p.variables("pi", T, hi=np.where(tier_flow >= m.tier_room - EPS, np.inf, 0.0))
+    gamma = p.variables("gamma", G, hi=np.where(group_flow >= m.group_room - EPS, np.inf, 0.0))
+    u = p.variables("u", B, hi=np.where(bid_flow >= m.bid_room - EPS, np.inf, 0.0))
+    lam = p.variables(
+        "lambda", N, hi=np.where(utility <= target + 1e-7 * (1.0 + np.abs(target)), np.inf, 0.0)
+    )
+
+    def per_arc(index: np.ndarray, n: int, weights: np.ndarray | None = None):
+        return lp.incidence(index, n, weights).T.tocsr()  # (K, n)
+
+    used = x[cols] > EPS
+    p.constrain(
+        "arc",
+        [
+            (pi, per_arc(m.arc_tier[cols], T)),
+            (gamma, per_arc(m.arc_capped[cols], G)),
+            (u, per_arc(m.arc_bid[cols], B)),
+            (lam, per_arc(a.arc_tenant[cols], N, -arc_value[cols])),
+        ],
+        lo=m.arc_price[cols],
+        hi=np.where(used, m.arc_price[cols] + tol, np.inf),
+    )
+    try:
+        sol = p.maximise([(pi, -np.ones(T))])
+    except SolverError:
+        # Numerical trouble on a degenerate face: the capacity duals are still prices at
+        # which the allocation is an equilibrium, if not the least ones.
+        return np.maximum(minimal_prices_fallback(m, x), 0.0)
+    return np.maximum(sol["pi"], 0.0)
+
+
+def minimal_prices_fallback(m: OpenMarket, x: np.ndarray) -> np.ndarray:
+    """The highest surplus on each tier among bids left short: nobody left wanting was
+    outbid at the price."""
+    T, B = m.tier_room.size, m.bid_room.size
+    short = np.bincount(m.arc_bid, weights=x, minlength=B) < m.bid_room - EPS
+    want = np.zeros(T)
+    sel = short[m.arc_bid]
+    np.maximum.at(want, m.arc_tier[sel], m.arc_price[sel])
+    return want

@@ -1,96 +1,43 @@
-"""The default policy: maximise welfare, then charge minimal equilibrium prices.
+"""The default mechanism: maximise surplus under the guarantee, charge least equilibrium prices.
 
-max sum_bt p_bt x_bt over the open market (capacity left after the entitlement floors),
-subject to tier capacity, bid quantity and share caps. Without gang bids this is a network
-LP with integral vertices, solved by column generation (transport.py). Gang bids make it a
-mixed-integer problem: x_b = 0 or m_b <= x_b <= q_b, with a binary per gang bid, solved
-with a time limit. When the time limit leaves no incumbent, gang bids are dropped (status
-"fallback"), which keeps every hard constraint. Either way, once the gang bids are fixed the
-divisible bids are re-solved exactly, so that equilibrium prices exist for them.
+max  sum_e (p_e - r_t) x_e                       surplus over the reserve
+s.t. the market's constraints (program.py)
+     sum_{e of i} p_e x_e >= g_i                  the guarantee, in the tenant's own limits
+
+Without gang bids and with the guarantees slack at the unconstrained optimum (the usual case),
+this is a network LP with integral vertices, solved by column generation (colgen.py), and the
+prices are the least competitive-equilibrium prices on its residual network (prices.py). When
+a guarantee binds, the full program is solved (mixed-integer for whole GPUs) and the prices
+are the least capacity duals of its LP relaxation on the optimal face (prices.least_duals).
+Gang bids make the first solve mixed-integer; once they are fixed the divisible bids are
+solved again as above, so that their prices exist. A time limit with no incumbent drops the
+gang bids (status "fallback"), which keeps every hard constraint.
+A price is r_t + dual; a winner pays min(price, limit).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
-from . import highs
-from .market import EPS, Market, OpenMarket, Outcome, open_market
+from .colgen import solve_welfare
 from .metrics import value_matrix
-from .prices import minimal_prices
-from .rounding import round_whole
-from .transport import solve_welfare
-
-
-def _gang_milp(market: Market, *, time_limit: float) -> tuple[np.ndarray, str, float]:
-    """Arc allocation (E,) of the gang bids, the status and the solver seconds."""
-    om = open_market(market)
-    a = market.arrays
-    E, B, T = om.arc_bid.size, om.bid_room.size, om.tier_room.size
-    live = om.bid_room[om.arc_bid] > EPS
-    cols = np.flatnonzero(live)
-    gangs = np.flatnonzero(market.is_gang & (om.bid_room > EPS))
-    n_x, n_z = cols.size, gangs.size
-    capped = np.unique(om.arc_capped[cols][om.arc_capped[cols] >= 0])
-    grow = np.full(om.group_room.size, -1)
-    grow[capped] = T + np.arange(capped.size)
-    bid_row0 = T + capped.size
-    gang_row = np.full(B, -1)
-    gang_row[gangs] = bid_row0 + B + np.arange(n_z)  # the ">= m_b z_b" rows
-
-    c = om.arc_capped[cols]
-    x_rows = [om.arc_tier[cols], grow[c[c >= 0]], bid_row0 + om.arc_bid[cols]]
-    x_cols = [np.arange(n_x), np.flatnonzero(c >= 0), np.arange(n_x)]
-    in_gang = gang_row[om.arc_bid[cols]] >= 0
-    x_rows.append(gang_row[om.arc_bid[cols]][in_gang])
-    x_cols.append(np.flatnonzero(in_gang))
-    vals = [np.ones(r.size) for r in x_rows]
-    # z_b: -q_b in the quantity row, -m_b in the minimum row.
-    x_rows += [bid_row0 + gangs, gang_row[gangs]]
-    x_cols += [n_x + np.arange(n_z)] * 2
-    vals += [-om.bid_room[gangs], -a.min_quantity[gangs]]
-    n_rows = bid_row0 + B + n_z
-    A = sp.csc_matrix(
-        (np.concatenate(vals), (np.concatenate(x_rows), np.concatenate(x_cols))),
-        shape=(n_rows, n_x + n_z),
-    )
-    is_gang_row = np.zeros(B, dtype=bool)
-    is_gang_row[gangs] = True
-    bid_hi = np.where(is_gang_row, 0.0, om.bid_room)
-    sol = highs.solve(
-        cost=np.concatenate([om.arc_price[cols], np.zeros(n_z)]),
-        matrix=A,
-        row_lo=np.concatenate([np.full(bid_row0 + B, -np.inf), np.zeros(n_z)]),
-        row_hi=np.concatenate([om.tier_room, om.group_room[capped], bid_hi, np.full(n_z, np.inf)]),
-        col_lo=np.zeros(n_x + n_z),
-        col_hi=np.concatenate([np.full(n_x, np.inf), np.ones(n_z)]),
-        integer=np.concatenate([np.full(n_x, not market.divisible), np.ones(n_z, dtype=bool)]),
-        time_limit=time_limit,
-        what="welfare problem with gang bids",
-    )
-    fixed = np.zeros(E)
-    if sol.status == "no_solution":
-        return fixed, "fallback", sol.seconds
-    x = sol.x[:n_x] if market.divisible else np.rint(sol.x[:n_x])
-    fixed[cols] = np.where(market.is_gang[om.arc_bid[cols]], x, 0.0)
-    return fixed, sol.status, sol.seconds
+from .prices import least_duals, minimal_prices
+from .program import guarantee_rows, market_program
+from .rules import EPS, Market, OpenMarket, Outcome, guarantees, open_market
 
 
 def _without(om: OpenMarket, fixed: np.ndarray, market: Market) -> OpenMarket:
     """The divisible bids' market once the gang allocation is fixed."""
-    divisible = ~market.is_gang
-    keep = divisible[om.arc_bid]
     c = om.arc_capped >= 0
     return OpenMarket(
-        arc_bid=om.arc_bid[keep],
-        arc_tier=om.arc_tier[keep],
-        arc_capped=om.arc_capped[keep],
-        arc_price=om.arc_price[keep],
-        bid_room=np.where(divisible, om.bid_room, 0.0),
+        arc_bid=om.arc_bid,
+        arc_tier=om.arc_tier,
+        arc_capped=om.arc_capped,
+        arc_price=om.arc_price,
+        bid_room=np.where(market.is_gang, 0.0, om.bid_room),
         group_room=om.group_room
         - np.bincount(om.arc_capped[c], weights=fixed[c], minlength=om.group_room.size),
         tier_room=om.tier_room
@@ -100,35 +47,75 @@ def _without(om: OpenMarket, fixed: np.ndarray, market: Market) -> OpenMarket:
 
 def welfare(market: Market, params: Mapping[str, Any]) -> Outcome:
     a = market.arrays
+    N = a.n_tenants
+    time_limit = float(params["time_limit"])
+    surplus = a.arc_price - a.reserve[a.arc_tier]
+    g = guarantees(market, a.arc_price)
+    full = open_market(market, arc_price=surplus)
+    held = np.bincount(a.arc_tenant, weights=a.arc_price * market.floor_x, minlength=N)
     status, seconds = "optimal", 0.0
-    full = open_market(market)
     fixed = np.zeros(a.arc_bid.size)
     if np.any(market.is_gang & (market.bid_room > EPS)):
-        fixed, status, seconds = _gang_milp(market, time_limit=float(params["time_limit"]))
+        sk = market_program(market, full, what="welfare problem with gang bids")
+        guarantee_rows(sk, market, a.arc_price, g - held)
+        sol = sk.program.maximise([(sk.x, surplus[sk.cols])], time_limit=time_limit)
+        seconds += sol.seconds
+        if sol.status == "no_solution":
+            status = "fallback"
+        else:
+            status = sol.status
+            x = sol["x"] if market.divisible else np.rint(sol["x"])
+            fixed[sk.cols] = np.where(market.is_gang[a.arc_bid[sk.cols]], x, 0.0)
+    held += np.bincount(a.arc_tenant, weights=a.arc_price * fixed, minlength=N)
     om = _without(full, fixed, market)
-    sol = solve_welfare(om)
-    x_open = sol.x
-    loss, rounding_seconds = 0.0, 0.0
-    if not market.divisible:
-        whole = np.rint(x_open)
-        if np.abs(whole - x_open).max(initial=0.0) > 1e-6:
-            start = time.perf_counter()
-            whole = round_whole(
-                om, x=x_open, priority=om.arc_price, gang_min=np.zeros(om.bid_room.size)
-            )
-            rounding_seconds = time.perf_counter() - start
-            loss = float(om.arc_price @ (x_open - whole))
-        x_open = whole
-    prices = np.maximum(a.reserve, minimal_prices(om, x_open))
-    x = market.floor_x + fixed
-    x[~market.is_gang[a.arc_bid]] += x_open
+    x, prices, more, loss, fell_back = _divisible_bids(market, om, g - held, time_limit)
+    seconds += more
+    if fell_back:
+        status = "fallback"
     return Outcome(
-        x=x,
-        prices=prices,
+        x=market.floor_x + fixed + x,
+        prices=a.reserve + prices,
         status=status,
-        solve_seconds=seconds + sol.seconds,
-        rounding_seconds=rounding_seconds,
+        solve_seconds=seconds,
+        rounding_seconds=0.0,
         rounding_loss=loss,
         entitlement=a.weight,
         values=value_matrix(market),
+        arc_value=a.arc_price,
+        guarantee=g,
+        fair=guarantees(market, a.arc_price, fractional=True),
     )
+
+
+def _divisible_bids(
+    market: Market, om: OpenMarket, target: np.ndarray, time_limit: float
+) -> tuple[np.ndarray, np.ndarray, float, float, bool]:
+    """GPUs per arc, tier prices over the reserve, solver seconds, rounding loss, fallback."""
+    a = market.arrays
+    first = solve_welfare(om)
+    x, seconds = first.x, first.seconds
+    utility = np.bincount(a.arc_tenant, weights=a.arc_price * x, minlength=a.n_tenants)
+    met = np.all(utility >= target - 1e-7 * (1.0 + np.abs(target)))
+    integral = market.divisible or np.abs(x - np.rint(x)).max(initial=0.0) <= 1e-6
+    if met and integral:
+        x = x if market.divisible else np.rint(x)
+        return x, minimal_prices(om, x), seconds, 0.0, False
+
+    sk = market_program(market, om, what="welfare problem", gangs=False)
+    guarantee_rows(sk, market, a.arc_price, target)
+    objective = [(sk.x, om.arc_price[sk.cols])]
+    relaxed = sk.program.maximise(objective, relax=True)
+    seconds += relaxed.seconds
+    x_lp = np.zeros(a.arc_bid.size)
+    x_lp[sk.cols] = np.clip(relaxed["x"], 0.0, None)
+    prices = least_duals(om, sk.cols, x_lp, target=target, arc_value=a.arc_price, market=market)
+    if market.divisible or np.abs(x_lp - np.rint(x_lp)).max(initial=0.0) <= 1e-6:
+        return (x_lp if market.divisible else np.rint(x_lp)), prices, seconds, 0.0, False
+    whole = sk.program.maximise(objective, time_limit=time_limit)
+    seconds += whole.seconds
+    if whole.status == "no_solution":
+        x = np.rint(first.x)  # the unconstrained optimum: feasible, guarantees not all held
+        return x, minimal_prices(om, x), seconds, float(om.arc_price @ (x_lp - x)), True
+    x = np.zeros(a.arc_bid.size)
+    x[sk.cols] = np.rint(whole["x"])
+    return x, prices, seconds, float(om.arc_price @ (x_lp - x)), False

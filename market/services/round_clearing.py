@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 # known point. Unset in every real deployment; read at call time, never at import.
 CLEARING_HOLD_ENV = "GPUMARKET_TEST_CLEARING_HOLD"
 CLEARING_HOLD_SECONDS = 120
+# Policy parameter for reserved quotas (Kueue-style nominal quotas), read here, not by the
+# mechanism: "by_weight" or {tenant slug: {tier slug: GPUs}}; empty by default.
+QUOTAS_PARAM = "reserved_quotas"
 
 
 def _fault_injection_hold(round_id: int) -> None:
@@ -159,9 +162,33 @@ def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
             prices=dict(zip(data.tier_slugs, (int(r) for r in reserves), strict=True)),
             diagnostics={"status": "no bids", "mechanism": policy.mechanism},
         )
-    instance = _instance(data=data, policy=policy, reserves=reserves)
-    result = clearing.clear(instance, policy=policy.mechanism, params=policy.params or None)
+    params = dict(policy.params or {})
+    quotas = _quotas(params.pop(QUOTAS_PARAM, None), data=data)
+    instance = _instance(data=data, policy=policy, reserves=reserves, quotas=quotas)
+    result = clearing.clear(instance, mechanism=policy.mechanism, params=params or None)
     return _outcome(result=result, data=data, reserves=reserves, mechanism=policy.mechanism)
+
+
+def _quotas(setting: object, *, data: RoundData) -> dict | str:
+    """The policy's reserved quotas in the solver's names: "by_weight" (each tenant's
+    weighted share of every tier it bids on, set aside before the mechanism runs) or
+    {tenant slug: {tier slug: GPUs}}; tenants without a bid and retired tiers drop out."""
+    if not setting:
+        return {}
+    if setting == "by_weight":
+        return "by_weight"
+    if not isinstance(setting, dict):
+        raise clearing.ClearingError(
+            f'{QUOTAS_PARAM}: must be "by_weight" or {{tenant: {{tier: GPUs}}}}'
+        )
+    slugs = dict(
+        Tenant.objects.filter(pk__in=np.unique(data.tenant_ids).tolist()).values_list("slug", "pk")
+    )
+    return {
+        _tenant_name(slugs[tenant]): {t: g for t, g in row.items() if t in data.tier_slugs}
+        for tenant, row in setting.items()
+        if tenant in slugs and isinstance(row, dict)
+    }
 
 
 def _bid_name(pk: int) -> str:
@@ -173,7 +200,9 @@ def _tenant_name(pk: int) -> str:
     return f"tenant-{pk}"
 
 
-def _instance(*, data: RoundData, policy: PolicyVersion, reserves: np.ndarray) -> clearing.Instance:
+def _instance(
+    *, data: RoundData, policy: PolicyVersion, reserves: np.ndarray, quotas: dict | str
+) -> clearing.Instance:
     """The solver's instance, in milli-credits (the solver is unit-free; its prices come back
     in the same unit). A tenant's budget is the escrow its bids hold, per window hour."""
     hours = data.seconds / 3600
@@ -218,7 +247,7 @@ def _instance(*, data: RoundData, policy: PolicyVersion, reserves: np.ndarray) -
             strict=True,
         )
     )
-    return clearing.Instance(tiers=tiers, tenants=tenants, bids=bids)
+    return clearing.Instance(tiers=tiers, tenants=tenants, bids=bids, quotas=quotas)
 
 
 def _outcome(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from market.clearing import POLICIES, Bid, ClearingError, Instance, Tenant, Tier, clear
+from market.clearing import MECHANISMS, Bid, ClearingError, Instance, Tenant, Tier, clear
 
 
 def two_bidders(capacity: int = 3, reserve: float = 0) -> Instance:
@@ -36,15 +36,15 @@ def test_spare_capacity_prices_at_the_reserve():
     assert r.charges == {"b1": 4.0, "b2": 4.0}
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", sorted(MECHANISMS))
 def test_reserve_above_every_limit_sells_nothing(policy):
-    r = clear(two_bidders(capacity=3, reserve=11), policy=policy)
+    r = clear(two_bidders(capacity=3, reserve=11), mechanism=policy)
     assert r.allocations == ()
     assert r.charges == {}
     assert r.prices == {"a100": 11.0}
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", sorted(MECHANISMS))
 def test_gang_bid_that_cannot_fit_gets_nothing(policy):
     inst = Instance(
         tiers=(Tier("a100", 3),),
@@ -54,7 +54,7 @@ def test_gang_bid_that_cannot_fit_gets_nothing(policy):
             Bid("small", "y", 2, {"a100": 5}),
         ),
     )
-    r = clear(inst, policy=policy)
+    r = clear(inst, mechanism=policy)
     assert gpus(r, "gang") == 0
     assert gpus(r, "small") == 2
 
@@ -74,20 +74,20 @@ def test_gang_bid_that_fits_wins_whole():
     assert r.diagnostics["status"] == "optimal"
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
-def test_entitled_tenant_gets_its_floor(policy):
+@pytest.mark.parametrize("policy", sorted(MECHANISMS))
+def test_entitled_tenant_gets_its_guaranteed_share(policy):
     inst = Instance(
         tiers=(Tier("a100", 10, reserve_price=1),),
         tenants=(Tenant("rich", weight=1), Tenant("small", weight=1)),
         bids=(Bid("r", "rich", 10, {"a100": 100}), Bid("s", "small", 6, {"a100": 3})),
     )
-    r = clear(inst, policy=policy)
+    r = clear(inst, mechanism=policy)
     assert gpus(r, "s") >= 5  # half of 10, the small lab's entitlement
     assert gpus(r, "s") + gpus(r, "r") == 10
     assert r.charges["s"] <= 3 * gpus(r, "s")
 
 
-def test_floor_is_demand_when_demand_is_less():
+def test_guarantee_is_demand_when_demand_is_less():
     inst = Instance(
         tiers=(Tier("a100", 10),),
         tenants=(Tenant("rich", weight=1), Tenant("small", weight=1)),
@@ -97,7 +97,7 @@ def test_floor_is_demand_when_demand_is_less():
     assert (gpus(r, "r"), gpus(r, "s")) == (8, 2)
 
 
-def test_welfare_floor_reserves_then_prices_the_rest():
+def test_welfare_guarantee_binds_and_the_price_is_what_the_rich_still_bid():
     inst = Instance(
         tiers=(Tier("a100", 10, reserve_price=1),),
         tenants=(Tenant("rich", weight=1), Tenant("small", weight=1)),
@@ -105,12 +105,13 @@ def test_welfare_floor_reserves_then_prices_the_rest():
     )
     r = clear(inst)
     assert (gpus(r, "r"), gpus(r, "s")) == (5, 5)
-    # The open half is full and the rich lab still wants more at 100.
+    # The small lab's guarantee (half the tier, worth 15 to it) binds; the rich lab still
+    # wants more at 100, so that is the price, and the small lab pays its own limit.
     assert r.prices == {"a100": 100.0}
     assert r.charges == {"r": 500.0, "s": 15.0}
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", sorted(MECHANISMS))
 def test_share_cap_is_respected(policy):
     inst = Instance(
         tiers=(Tier("h100", 10, max_share=0.3),),
@@ -121,7 +122,7 @@ def test_share_cap_is_respected(policy):
             Bid("y1", "y", 8, {"h100": 10}),
         ),
     )
-    r = clear(inst, policy=policy)
+    r = clear(inst, mechanism=policy)
     assert gpus(r, "x1") + gpus(r, "x2") <= 3
     assert gpus(r, "y1") <= 3
     if policy == "welfare":
@@ -160,9 +161,9 @@ def test_divisible_mode_gives_fractions():
             Bid("c", "z", 2, {"a100": 1}),
         ),
     )
-    r = clear(inst, policy="maxmin", divisible=True)
+    r = clear(inst, mechanism="maxmin", divisible=True)
     assert [a.gpus for a in r.allocations] == pytest.approx([1.0, 1.0, 1.0])
-    whole = clear(inst, policy="maxmin")
+    whole = clear(inst, mechanism="maxmin")
     assert all(float(a.gpus).is_integer() for a in whole.allocations)
     assert sum(a.gpus for a in whole.allocations) == 3
 
@@ -172,12 +173,13 @@ def test_to_json_has_exactly_the_documented_keys():
     assert list(out) == ["allocations", "prices", "charges", "diagnostics"]
     assert out["allocations"][0] == {"bid": "b1", "tier": "a100", "gpus": 2}
     for key in (
-        "policy",
+        "mechanism",
         "status",
         "welfare",
         "utilisation",
         "jain",
         "min_share_ratio",
+        "guarantees_unmet",
         "envy_violations",
         "rounding_loss",
         "build_seconds",
@@ -190,7 +192,7 @@ def test_to_json_has_exactly_the_documented_keys():
 
 def test_unknown_policy_and_parameter_are_refused():
     with pytest.raises(ClearingError, match="policy.name"):
-        clear(two_bidders(), policy="lottery")
+        clear(two_bidders(), mechanism="lottery")
     with pytest.raises(ClearingError, match="policy.params.speed"):
         clear(two_bidders(), params={"speed": 1})
     with pytest.raises(ClearingError, match="time_limit"):

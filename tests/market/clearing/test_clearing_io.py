@@ -92,7 +92,7 @@ DELETE = object()
         ("tenants/0/weight", -1, "tenants[0].weight: must be a finite number >= 0"),
         ("tenants/0/budget", "lots", "tenants[0].budget: must be a finite number >= 0"),
         ("tenants/0/name", 7, "tenants[0].name: must be a non-empty string"),
-        ("policy/name", "lottery", "policy.name: unknown policy 'lottery'"),
+        ("policy/name", "lottery", "policy.name: unknown mechanism 'lottery'"),
         ("policy/params", {"speed": 2}, "policy.params.speed: unknown parameter"),
         ("policy/params", {"time_limit": 0}, "policy.params.time_limit: must be a number"),
         ("bids", {}, "bids: must be a list"),
@@ -126,13 +126,13 @@ def test_values_parameter_is_checked():
     _, policy, params = instance_from_json(data)
     instance, *_ = instance_from_json(data)
     with pytest.raises(ClearingError, match="policy.params.values.lab.h100: unknown tier"):
-        clear(instance, policy=policy, params=params)
+        clear(instance, mechanism=policy, params=params)
 
 
 def test_example_instance_clears_under_every_policy():
     instance, policy, params = instance_from_json(json.loads(EXAMPLE.read_text()))
     for name in ("welfare", "fisher", "maxmin"):
-        result = clear(instance, policy=name, params=params if name == policy else None)
+        result = clear(instance, mechanism=name, params=params if name == policy else None)
         assert result.allocations
 
 
@@ -140,7 +140,7 @@ def test_cli_prints_the_result_json(capsys):
     assert main([str(EXAMPLE), "--policy", "fisher"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert list(out) == ["allocations", "prices", "charges", "diagnostics"]
-    assert out["diagnostics"]["policy"] == "fisher"
+    assert out["diagnostics"]["mechanism"] == "fisher"
 
 
 def test_cli_refuses_bad_input_on_stderr(tmp_path, capsys):

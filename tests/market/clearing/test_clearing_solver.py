@@ -43,7 +43,7 @@ def test_no_incumbent_within_the_time_limit_falls_back_without_gangs(monkeypatch
         return real(**kwargs)
 
     monkeypatch.setattr(highs, "solve", no_incumbent)
-    r = clear(GANGS, policy=policy)
+    r = clear(GANGS, mechanism=policy)
     assert r.diagnostics["status"] == "fallback"
     assert {a.bid for a in r.allocations} == {"d"}
     assert sum(a.gpus for a in r.allocations) == 3
@@ -65,4 +65,4 @@ def test_fisher_status_other_than_optimal_raises(monkeypatch):
 
     monkeypatch.setattr(cp.Problem, "solve", inaccurate)
     with pytest.raises(SolverError, match="fisher problem: .*optimal_inaccurate"):
-        clear(GANGS, policy="fisher")
+        clear(GANGS, mechanism="fisher")

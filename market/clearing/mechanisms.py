@@ -1,6 +1,8 @@
-"""The policy registry: name -> solver function and its documented parameters.
+"""The mechanism registry: name -> solver function and its documented parameters.
 
-Parameters (``policy.params`` in the instance JSON):
+A mechanism (welfare, fisher, maxmin) is the rule that turns bids into allocations and
+prices; the market policy (a PolicyVersion on the Django side) chooses one and its
+parameters. Parameters (``policy.params`` in the instance JSON):
 - ``time_limit`` (seconds, default 10): wall-clock limit of each solver call. A
   mixed-integer solve (gang bids) that reaches it uses its incumbent or falls back; an LP
   that reaches it raises SolverError. welfare (gang MILP) and maxmin (both stages).
@@ -18,33 +20,33 @@ from typing import Any
 
 from .errors import ClearingError
 from .fisher import fisher
-from .market import Market, Outcome
 from .maxmin import maxmin
+from .rules import Market, Outcome
 from .welfare import welfare
 
 
 @dataclass(frozen=True)
-class Policy:
+class Mechanism:
     run: Callable[[Market, Mapping[str, Any]], Outcome]
     defaults: Mapping[str, Any]
 
 
-POLICIES: dict[str, Policy] = {
-    "welfare": Policy(welfare, {"time_limit": 10.0}),
-    "fisher": Policy(fisher, {"values": None}),
-    "maxmin": Policy(maxmin, {"time_limit": 10.0, "values": None}),
+MECHANISMS: dict[str, Mechanism] = {
+    "welfare": Mechanism(welfare, {"time_limit": 10.0}),
+    "fisher": Mechanism(fisher, {"time_limit": 10.0, "values": None}),
+    "maxmin": Mechanism(maxmin, {"time_limit": 10.0, "values": None}),
 }
 
 
-def policy_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
+def mechanism_params(name: str, params: Mapping[str, Any] | None) -> dict[str, Any]:
     """Defaults merged with the given parameters, each checked."""
-    if name not in POLICIES:
+    if name not in MECHANISMS:
         raise ClearingError(
-            f"policy.name: unknown policy {name!r}; choose one of {', '.join(POLICIES)}"
+            f"policy.name: unknown mechanism {name!r}; choose one of {', '.join(MECHANISMS)}"
         )
     if params is not None and not isinstance(params, Mapping):
         raise ClearingError("policy.params: must be an object")
-    merged = dict(POLICIES[name].defaults)
+    merged = dict(MECHANISMS[name].defaults)
     for key, value in (params or {}).items():
         if key not in merged:
             known = ", ".join(merged) or "none"

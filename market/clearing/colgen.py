@@ -24,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import highs
-from .market import EPS, OpenMarket, segment_starts
+from .rules import EPS, OpenMarket, segment_starts
 
 MAX_ROUNDS = 40
 WARM_ROUNDS = 4  # single-arc price-discovery rounds before the exact ones

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from .errors import ClearingError
-from .market import Market
 from .metrics import value_matrix
+from .rules import Market
 
 
 def tenant_values(market: Market, given: Mapping[str, Mapping[str, float]] | None) -> np.ndarray:
