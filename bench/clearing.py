@@ -22,10 +22,10 @@ from pathlib import Path
 import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
-from market.clearing.rules import build_market, open_market
 
 from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear, highs
 from market.clearing.inputs import instance_arrays
+from market.clearing.rules import build_market, open_market
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gavel"
 GPU_TYPES = ("k80", "p100", "v100")
