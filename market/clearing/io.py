@@ -54,7 +54,7 @@ def read_instance_file(path: str) -> Any:
         return json.loads(text)
     except RecursionError:
         raise ClearingError(
-            f"{path}: JSON nested too deeply (an instance is at most 5 levels deep)"
+            f"{path}: JSON nested too deeply (an instance needs at most 5 levels)"
         ) from None
     except json.JSONDecodeError as exc:
         raise ClearingError(f"{path}: not valid JSON: {exc}") from None
