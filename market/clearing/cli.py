@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from . import clear
 from .errors import ClearingError, SolverError
-from .io import instance_from_json
+from .io import instance_from_json, read_instance_file
 from .mechanisms import MECHANISMS
 
 
@@ -25,13 +25,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse has already printed the usage message
         return int(exc.code or 0)
     try:
-        with open(args.instance, encoding="utf-8") as handle:
-            data = json.load(handle)
+        data = read_instance_file(args.instance)
     except OSError as exc:
         print(f"gpumarket clear: cannot read {args.instance}: {exc.strerror}", file=sys.stderr)
         return 2
-    except json.JSONDecodeError as exc:
-        print(f"gpumarket clear: {args.instance} is not valid JSON: {exc}", file=sys.stderr)
+    except ClearingError as exc:
+        print(f"gpumarket clear: {exc}", file=sys.stderr)
         return 2
     try:
         instance, policy, params = instance_from_json(data)

@@ -17,15 +17,30 @@ import numpy as np
 
 from .errors import ClearingError
 
+# The largest price, limit, reserve, budget or weight accepted (in the caller's unit; the
+# platform passes milli-credits and caps prices at 1e9). The LP solver takes a cost of 1e20 as
+# infinite; eight orders of magnitude below that keeps its tolerances meaningful.
+MAX_AMOUNT = 1e12
+
 
 def _finite_nonneg(value: object, where: str, subject: str = "") -> float:
+    # Compared before any conversion to float: an integer too large for a float is refused
+    # rather than overflowing, and NaN fails both comparisons.
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
+        or not 0 <= value <= MAX_AMOUNT
     ):
-        raise ClearingError(f"{where}: {subject}must be a finite number >= 0, got {value!r}")
+        if isinstance(value, int) and abs(value) > 10**15:  # never echo 400 digits back
+            shown = f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+        elif isinstance(value, int | float):
+            shown = repr(value)
+        else:
+            shown = type(value).__name__
+        raise ClearingError(
+            f"{where}: {subject}must be a finite number >= 0 and at most {MAX_AMOUNT:g}, "
+            f"got {shown}"
+        )
     return float(value)
 
 

@@ -6,24 +6,86 @@ Instance format::
                   "max_share": number in (0, 1] (1)}],
      "tenants": [{"name": str, "weight": number >= 0 (1), "budget": number >= 0 | null (null)}],
      "bids":    [{"id": str, "tenant": str, "quantity": number >= 1,
-                  "min_quantity": number >= 0 (0), "limits": {"<tier>": number >= 0}}],
+                  "min_quantity": number >= 0 (0), "mixed_tiers": bool (false),
+                  "limits": {"<tier>": number >= 0}}],
+     "quotas":  "by_weight" | {"<tenant>": {"<tier>": GPUs >= 0}} ({}),
      "policy":  {"name": "welfare" | "fisher" | "maxmin" ("welfare"), "params": {} ({})}}
 
+"quotas" are reserved quotas set aside before the mechanism runs ("by_weight": each tenant's
+weighted share of every tier it bids on, the per-tier split); without them every mechanism
+holds the tenants' guarantee inside its own program. "policy.name" is the mechanism.
+
 Defaults in parentheses; unknown fields are refused so that a misspelt field is not silently
-ignored.
+ignored. Bounds: prices, limits, reserves, budgets and weights at most MAX_AMOUNT (1e12);
+capacities and quantities at most MAX_GPUS; names and ids at most MAX_NAME characters; the
+file at most MAX_FILE_BYTES, UTF-8.
 """
 
 from __future__ import annotations
 
-import math
+import json
 from collections.abc import Callable
 from typing import Any
 
 from .errors import ClearingError
-from .inputs import Bid, Instance, Tenant, Tier
+from .inputs import MAX_AMOUNT, Bid, Instance, Tenant, Tier
 from .mechanisms import mechanism_params
 
+MAX_GPUS = 10**6  # capacity, quantity, min_quantity: ten times the platform's own cap
+MAX_NAME = 200  # characters in a name, an id or any other key
+MAX_FILE_BYTES = 64 * 2**20  # an instance of 100k bids is about 10 MiB
+
 _MISSING = object()
+
+
+def read_instance_file(path: str) -> Any:
+    """The decoded JSON of an instance file. Raises OSError if it cannot be read, and
+    ClearingError naming the file if it is too large, not UTF-8 or not JSON."""
+    # Read one byte past the limit instead of asking for the size first: a pipe or a device
+    # has no size, and a file may grow between the two calls.
+    with open(path, "rb") as handle:
+        raw = handle.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise ClearingError(
+            f"{path}: larger than {MAX_FILE_BYTES / 2**20:g} MiB ({MAX_FILE_BYTES} bytes); "
+            "split the instance or drop what it does not need"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ClearingError(
+            f"{path}: not UTF-8 text (byte {exc.start}); save the file as UTF-8"
+        ) from None
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ClearingError(
+            f"{path}: JSON nested too deeply (an instance needs at most 5 levels)"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise ClearingError(f"{path}: not valid JSON: {exc}") from None
+    except ValueError:  # an integer with more digits than Python converts (4300)
+        raise ClearingError(
+            f"{path}: a number has too many digits; no number may exceed {MAX_AMOUNT:g}"
+        ) from None
+
+
+def _shown(value: Any) -> str:
+    """A value for an error message, short whatever its size."""
+    if isinstance(value, int) and abs(value) > 10**15:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    if isinstance(value, str) and len(value) > MAX_NAME:
+        return f"{value[:20]!r}... ({len(value)} characters)"
+    return repr(value)
+
+
+def _key(key: str, where: str) -> str:
+    """``where.key``, refusing a key too long to name in a message."""
+    if len(key) > MAX_NAME:
+        raise ClearingError(
+            f"{where}.{key[:20]}...: key of {len(key)} characters; at most {MAX_NAME}"
+        )
+    return f"{where}.{key}"
 
 
 def _number(
@@ -31,20 +93,25 @@ def _number(
     where: str,
     *,
     low: float = 0.0,
-    what: str = "a finite number >= 0",
+    high: float = MAX_AMOUNT,
+    what: str = f"a finite number >= 0 and at most {MAX_AMOUNT:g}",
     subject: str = "",
 ) -> float:
-    """A finite number >= low; ``subject`` reads before "must" (e.g. "price ")."""
+    """A number in [low, high]; ``subject`` reads before "must" (e.g. "price ")."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ClearingError(f"{where}: {subject}must be {what}, got {type(value).__name__}")
-    if not math.isfinite(value) or value < low:
-        raise ClearingError(f"{where}: {subject}must be {what}, got {value!r}")
+    # Compared without converting to float: 10**400 is refused, not an OverflowError, and
+    # NaN fails both comparisons.
+    if not low <= value <= high:
+        raise ClearingError(f"{where}: {subject}must be {what}, got {_shown(value)}")
     return value
 
 
 def _text(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise ClearingError(f"{where}: must be a non-empty string")
+    if len(value) > MAX_NAME:
+        raise ClearingError(f"{where}: must be at most {MAX_NAME} characters, got {_shown(value)}")
     return value
 
 
@@ -55,7 +122,7 @@ def _fields(
         raise ClearingError(f"{where}: must be an object")
     for key in item:
         if key not in spec:
-            raise ClearingError(f"{where}.{key}: unknown field (known: {', '.join(spec)})")
+            raise ClearingError(f"{_key(key, where)}: unknown field (known: {', '.join(spec)})")
     out = {}
     for key, (default, check) in spec.items():
         value = item.get(key, default)
@@ -66,8 +133,35 @@ def _fields(
 
 
 def _capacity(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ClearingError(f"{where}: must be a whole number of GPUs >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_GPUS:
+        raise ClearingError(
+            f"{where}: must be a whole number of GPUs >= 0 and at most {MAX_GPUS}, "
+            f"got {_shown(value)}"
+        )
+    return value
+
+
+def _gpus(value: Any, where: str, *, low: float = 0.0) -> float:
+    return _number(
+        value, where, low=low, high=MAX_GPUS, what=f"a number >= {low:g} and at most {MAX_GPUS}"
+    )
+
+
+def _params(value: Any, where: str) -> Any:
+    """Bounds the policy parameters' numbers and keys; policy_params and the policies check
+    the rest (names, types, the tenants and tiers named)."""
+    if not isinstance(value, dict):
+        return value
+    for key, param in value.items():
+        at = _key(key, where)
+        if key == "time_limit" and isinstance(param, int) and not isinstance(param, bool):
+            _number(param, at, what=f"a number of seconds > 0 and at most {MAX_AMOUNT:g}")
+        if key == "values" and isinstance(param, dict):
+            for tenant, row in param.items():
+                row_at = _key(tenant, at)
+                for tier, price in row.items() if isinstance(row, dict) else ():
+                    if isinstance(price, int | float):
+                        _number(price, _key(tier, row_at), subject="value ")
     return value
 
 
@@ -99,8 +193,10 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
     if not isinstance(data, dict):
         raise ClearingError("instance: must be a JSON object with tiers, tenants and bids")
     for key in data:
-        if key not in ("tiers", "tenants", "bids", "policy"):
-            raise ClearingError(f"{key}: unknown field (known: tiers, tenants, bids, policy)")
+        if key not in ("tiers", "tenants", "bids", "quotas", "policy"):
+            raise ClearingError(
+                f"{key}: unknown field (known: tiers, tenants, bids, quotas, policy)"
+            )
     number = _number
     tiers = [
         _fields(
@@ -142,7 +238,7 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
             raise ClearingError(f"{where}: must be an object {{tier: price}}")
         for tier, price in value.items():
             if tier not in tier_names:
-                raise ClearingError(f"{where}.{tier}: unknown tier")
+                raise ClearingError(f"{_key(tier, where)}: unknown tier")
             number(price, f"{where}.{tier}", subject="price ")
         return value
 
@@ -155,8 +251,9 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
             {
                 "id": (_MISSING, _text),
                 "tenant": (_MISSING, tenant),
-                "quantity": (_MISSING, lambda v, w: number(v, w, low=1.0, what="a number >= 1")),
-                "min_quantity": (0.0, number),
+                "quantity": (_MISSING, lambda v, w: _gpus(v, w, low=1.0)),
+                "min_quantity": (0.0, _gpus),
+                "mixed_tiers": (False, _flag),
                 "limits": (_MISSING, limits),
             },
         )
@@ -173,7 +270,7 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
         "policy",
         {
             "name": ("welfare", _text),
-            "params": ({}, lambda v, w: v),
+            "params": ({}, _params),
         },
     )
     params = mechanism_params(policy["name"], policy["params"])
@@ -181,5 +278,30 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
         tiers=tuple(Tier(**t) for t in tiers),
         tenants=tuple(Tenant(**t) for t in tenants),
         bids=tuple(Bid(**b) for b in bids),
+        quotas=_quotas(data.get("quotas", {}), tenant_names, tier_names),
     )
     return instance, policy["name"], params
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ClearingError(f"{where}: must be true or false")
+    return value
+
+
+def _quotas(value: Any, tenants: set[str], tiers: set[str]) -> dict | str:
+    if value == "by_weight":
+        return value
+    if not isinstance(value, dict):
+        raise ClearingError('quotas: must be "by_weight" or an object {tenant: {tier: GPUs}}')
+    for tenant, row in value.items():
+        at = _key(tenant, "quotas")
+        if tenant not in tenants:
+            raise ClearingError(f"{at}: unknown tenant")
+        if not isinstance(row, dict):
+            raise ClearingError(f"{at}: must be an object {{tier: GPUs}}")
+        for tier, gpus in row.items():
+            if tier not in tiers:
+                raise ClearingError(f"{_key(tier, at)}: unknown tier")
+            _gpus(gpus, _key(tier, at))
+    return value

@@ -154,3 +154,38 @@ def test_cli_refuses_bad_input_on_stderr(tmp_path, capsys):
     assert "not valid JSON" in capsys.readouterr().err
     assert main([str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_quotas_and_mixed_tiers_come_from_the_file(tmp_path, capsys):
+    data = {
+        "tiers": [{"name": "a100", "capacity": 10, "reserve_price": 1}],
+        "tenants": [{"name": "rich"}, {"name": "small"}],
+        "bids": [
+            {"id": "r", "tenant": "rich", "quantity": 10, "limits": {"a100": 100}},
+            {"id": "s", "tenant": "small", "quantity": 6, "limits": {"a100": 3}},
+            {
+                "id": "g",
+                "tenant": "small",
+                "quantity": 2,
+                "min_quantity": 2,
+                "mixed_tiers": True,
+                "limits": {"a100": 1},
+            },
+        ],
+        "quotas": "by_weight",
+    }
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    assert main([str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    got = {a["bid"]: a["gpus"] for a in out["allocations"]}
+    assert got == {"r": 5, "s": 5}  # the per-tier split by weight, set aside first
+    data["quotas"] = {"small": {"h100": 1}}
+    path.write_text(json.dumps(data))
+    assert main([str(path)]) == 2
+    assert "quotas.small.h100: unknown tier" in capsys.readouterr().err
+    data["quotas"] = {}
+    data["bids"][2]["mixed_tiers"] = "yes"
+    path.write_text(json.dumps(data))
+    assert main([str(path)]) == 2
+    assert "bids[2].mixed_tiers: must be true or false" in capsys.readouterr().err
