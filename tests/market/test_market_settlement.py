@@ -282,7 +282,7 @@ def test_every_mechanism_settles_with_the_ledger_right_and_shadows_the_others(
     _bid(rival, market, quantity=1, limits={"h100": 2200})
     rnd = round_process(round_id=market.round.pk, now=market.after_close())
     assert rnd.status == "settled", rnd.failure_reason
-    assert rnd.diagnostics["policy"] == mechanism
+    assert rnd.diagnostics["mechanism"] == mechanism
     assert Allocation.objects.filter(round=rnd).exists()
     _assert_settled_ledger(rnd)
     shadow = rnd.shadow_result
