@@ -36,7 +36,7 @@ from audit.models import AuditEvent
 from market.errors import MarketError
 from market.models import Allocation, Bid, PolicyVersion, Round
 from market.services.policy import POLICY_FIELDS, policy_activate, policy_version_create
-from market.void import round_void
+from market.services.void import round_void
 from tenants.models import Notification
 
 logger = logging.getLogger(__name__)

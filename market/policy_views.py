@@ -26,7 +26,7 @@ from market.services.policy import (
     policy_shadow_set,
     policy_version_create,
 )
-from market.void import round_void
+from market.services.void import round_void
 from tenants.models import Notification
 
 

@@ -24,7 +24,7 @@ from market.models import Bid, BidLimit, PolicyVersion, Round, Tier
 from market.services._common import cost_floor, now_or
 from market.services.bids import window_seconds
 from market.services.rounds import _close_locked
-from market.services.settlement import round_fail
+from market.services.void import round_fail
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ from market.models import Round
 from market.services._common import now_or
 from market.services.round_clearing import round_clear
 from market.services.rounds import round_finish, round_open_next
-from market.services.settlement import round_fail, round_settle
+from market.services.settlement import round_settle
+from market.services.void import round_fail
 from tenants.errors import TenantError
 
 logger = logging.getLogger(__name__)

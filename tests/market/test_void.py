@@ -13,7 +13,7 @@ from audit.models import AuditEvent
 from market.errors import MarketError
 from market.models import Allocation, Bid, Round
 from market.services import bid_place, rounds_tick
-from market.void import round_void
+from market.services.void import round_void
 from telemetry.enforcement import enforce
 from telemetry.models import EnforcementAction
 from telemetry.services import node_register, samples_ingest
