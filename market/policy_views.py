@@ -16,8 +16,8 @@ from django.views.decorators.http import require_POST
 from audit.views import staff_required
 from market import policy_charts
 from market.errors import MarketError
-from market.guardrails import GUARDRAIL_FIELDS
 from market.models import PolicyVersion, Round, Tier
+from market.policy.guardrails import GUARDRAIL_FIELDS
 from market.policy_forms import PolicyVersionForm, ReplayForm, VoidForm
 from market.policy_selectors import rounds_replay, shadow_comparison, versions_list
 from market.services.policy import (
