@@ -139,5 +139,7 @@ def tenant_spend(*, tenant: Tenant, since: datetime | None = None) -> int:
     return qs.aggregate(total=Sum("charge"))["total"] or 0
 
 
-def policy_versions() -> QuerySet[PolicyVersion]:
-    return PolicyVersion.objects.select_related("parent", "created_by").order_by("-number")
+def policy_active_get() -> PolicyVersion | None:
+    """The active policy version, or None on a fresh platform. The one read of it: the market
+    services create the default version (``policy_active``) when the first round opens."""
+    return PolicyVersion.objects.filter(status=PolicyVersion.Status.ACTIVE).first()

@@ -25,7 +25,8 @@ from market.api.serializers import (
     RoundSerializer,
     TierSerializer,
 )
-from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
+from market.models import Allocation, Bid, BidLimit, Round, Tier
+from market.selectors import policy_active_get
 from market.services import bid_cancel, bid_edit, bid_place
 from tenants.access import access_object
 from tenants.api.base import Pagination, TenantScopedViewSet
@@ -44,7 +45,7 @@ class TierViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_serializer_context(self):
         context = super().get_serializer_context()
-        context["policy"] = PolicyVersion.objects.filter(status=PolicyVersion.Status.ACTIVE).first()
+        context["policy"] = policy_active_get()
         return context
 
 

@@ -12,6 +12,7 @@ from django.db.models import Max, Q
 import audit.services as audit
 from market.errors import MarketError
 from market.models import PolicyVersion, Tier
+from market.selectors import policy_active_get
 from market.services._common import MAX_PRICE, now_or, whole
 
 Status = PolicyVersion.Status
@@ -120,7 +121,7 @@ def _default_create() -> PolicyVersion:
 def policy_active() -> PolicyVersion:
     """The active policy version. On a fresh platform (no version at all) the default v1
     (welfare, 60-minute rounds) is created and activated."""
-    active = PolicyVersion.objects.filter(status=Status.ACTIVE).first()
+    active = policy_active_get()
     if active is not None:
         return active
     if PolicyVersion.objects.exists():

@@ -19,7 +19,7 @@ _CONFIG = {"displaylogo": False, "responsive": True}
 def comparison_figure(rows: Sequence[Any], *, label: str) -> go.Figure:
     """Revenue, GPUs allocated and Jain's index per round: the active version beside ``label``.
 
-    ``rows`` are ``policy_selectors.ComparisonRow`` (oldest round first after sorting here).
+    ``rows`` are ``market.policy.selectors.ComparisonRow`` (oldest round first after sorting here).
     """
     ordered = sorted(rows, key=lambda r: r.round.starts_at)
     x = [f"#{r.round.pk}" for r in ordered]
