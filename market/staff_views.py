@@ -14,8 +14,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from audit.views import staff_required
-from market.charts import figure_html, round_utilisation
+from core.auth import staff_required
+from core.charts import figure_html
+from market.charts import round_utilisation
 from market.errors import MarketError
 from market.forms import TierCreateForm, TierForm
 from market.models import Allocation, Bid, Round, Tier

@@ -23,9 +23,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from core.charts import figure_html
 from market.charts import (
     demand_forecast,
-    figure_html,
     price_history,
     spend_over_time,
     supply_demand,

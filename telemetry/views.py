@@ -20,9 +20,10 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 from django.views.decorators.http import require_GET, require_POST
 
-from audit.views import staff_required
+from core.auth import staff_required
+from core.charts import figure_html
 from market.models import Allocation
-from telemetry.charts import figure_html, gpu_heatmap, utilisation_lines
+from telemetry.charts import gpu_heatmap, utilisation_lines
 from telemetry.errors import TelemetryError
 from telemetry.metrics import metrics_render
 from telemetry.models import EnforcementAction, Gpu, ProcessObservation, Sample, SampleMinute

@@ -13,7 +13,7 @@ from rest_framework.decorators import action
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
-from audit.api.pagination import query_filters
+from core.api import query_filters
 from market.api.serializers import (
     AllocationFilterSerializer,
     AllocationSerializer,

@@ -11,9 +11,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from core.charts import figure_html
 from tenants.ledger import MILLI
-
-_CONFIG = {"displaylogo": False, "responsive": True}
 
 
 def comparison_figure(rows: Sequence[Any], *, label: str) -> go.Figure:
@@ -60,6 +59,4 @@ def comparison_figure(rows: Sequence[Any], *, label: str) -> go.Figure:
 
 
 def comparison_html(rows: Sequence[Any], *, label: str, element_id: str) -> str:
-    return comparison_figure(rows, label=label).to_html(
-        include_plotlyjs=False, full_html=False, div_id=element_id, config=_CONFIG
-    )
+    return figure_html(comparison_figure(rows, label=label), element_id=element_id)

@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from audit.views import staff_required
+from core.auth import staff_required
 from market.errors import MarketError
 from market.models import PolicyVersion, Round, Tier
 from market.policy import charts as policy_charts

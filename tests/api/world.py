@@ -28,9 +28,9 @@ from market.services import (
 from telemetry.models import EnforcementAction, Node
 from telemetry.services import node_register, samples_ingest
 from telemetry.services.enforcement import enforce
-from tenants.api.tokens import token_create
 from tenants.budgets import budget_alerts_raise, budget_set, campaign_create
 from tenants.models import Budget, Campaign, Notification, Tenant, Transfer
+from tenants.services.tokens import token_create
 from tests import factories
 
 TIER = "a100"
