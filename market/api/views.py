@@ -26,7 +26,7 @@ from market.api.serializers import (
     TierSerializer,
 )
 from market.models import Allocation, Bid, BidLimit, Round, Tier
-from market.selectors import policy_active_get
+from market.selectors import policy_active_get, rounds_open
 from market.services import bid_cancel, bid_edit, bid_place
 from tenants.access import access_object
 from tenants.api.base import Pagination, TenantScopedViewSet
@@ -77,12 +77,7 @@ class RoundViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(responses=RoundSerializer(many=True), summary="Rounds open for bids now")
     @action(detail=False, pagination_class=None)
     def open(self, request):
-        rounds = (
-            Round.objects.select_related("policy")
-            .filter(status=Round.Status.OPEN)
-            .order_by("closes_at")
-        )
-        return Response(RoundSerializer(rounds, many=True).data)
+        return Response(RoundSerializer(rounds_open(), many=True).data)
 
 
 SLUG = re.compile(r"^[-a-z0-9_]{1,40}$")
