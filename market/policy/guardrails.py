@@ -24,6 +24,7 @@ from typing import Any
 
 from django.db.models import Sum
 
+from market.diagnostics import JAIN, diagnostic
 from market.errors import MarketError
 from market.models import Allocation, Bid, Round
 
@@ -186,8 +187,7 @@ def _utilisation_breach(rnd: Round, limits: dict[str, Any]) -> list[Breach]:
 
 def _jain_breach(rnd: Round, limits: dict[str, Any]) -> list[Breach]:
     floor = limits.get("jain_min")
-    diagnostics = rnd.diagnostics or {}
-    value = diagnostics.get("jain", diagnostics.get("jain_index"))
+    value = diagnostic(rnd.diagnostics, JAIN)
     if floor is None or value is None or float(value) >= floor:
         return []
     return [

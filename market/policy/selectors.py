@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from market.diagnostics import JAIN, diagnostic
 from market.models import Allocation, PolicyVersion, Round
 from tenants.models import Notification, Tenant
 
@@ -107,7 +108,7 @@ def side_utilisation(allocated: dict[str, int], capacities: dict[str, Any]) -> f
 
 
 def side_fairness(diagnostics: dict[str, Any]) -> float | None:
-    value = diagnostics.get("jain", diagnostics.get("jain_index"))
+    value = diagnostic(diagnostics, JAIN)
     return float(value) if isinstance(value, int | float) else None
 
 
