@@ -24,6 +24,7 @@ from typing import Any
 
 from django.db.models import Sum
 
+from core.validation import fields_unknown
 from market.diagnostics import JAIN, diagnostic
 from market.errors import MarketError
 from market.models import Allocation, Bid, Round
@@ -70,11 +71,11 @@ def guardrails_validate(value: Any) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise MarketError(f"guardrails must be a mapping of limit name to value, got {value!r}")
-    unknown = sorted(set(value) - set(GUARDRAIL_FIELDS))
-    if unknown:
-        raise MarketError(
-            f"unknown guardrail(s) {', '.join(unknown)}; known: {', '.join(GUARDRAIL_FIELDS)}"
-        )
+    refusal = fields_unknown(
+        value, known=GUARDRAIL_FIELDS, message="unknown guardrail(s) {unknown}; known: {known}"
+    )
+    if refusal:
+        raise MarketError(refusal)
     clean: dict[str, Any] = {}
     for name, raw in value.items():
         if raw is None:

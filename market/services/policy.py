@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 
 import audit.services as audit
+from core.validation import fields_unknown
 from market.errors import MarketError
 from market.models import PolicyVersion, Tier
 from market.selectors import policy_active_get
@@ -58,11 +59,13 @@ def _per_tier(value: Any, *, field: str, minimum: int, maximum: int) -> dict[str
 def policy_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
     """The cleaned changes for a new version; MarketError names the first bad one (forms call
     this in ``clean`` so an admin sees the message next to the form)."""
-    unknown = sorted(set(changes) - set(POLICY_FIELDS))
-    if unknown:
-        raise MarketError(
-            f"cannot set {', '.join(unknown)} on a policy version; settable: {', '.join(POLICY_FIELDS)}"
-        )
+    refusal = fields_unknown(
+        changes,
+        known=POLICY_FIELDS,
+        message="cannot set {unknown} on a policy version; settable: {known}",
+    )
+    if refusal:
+        raise MarketError(refusal)
     clean: dict[str, Any] = {}
     for name, value in changes.items():
         if name == "mechanism":

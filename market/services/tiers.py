@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils.text import slugify
 
 import audit.services as audit
+from core.validation import fields_unknown
 from market.errors import MarketError
 from market.models import Tier
 from market.services._common import MAX_GPUS, whole
@@ -18,11 +19,11 @@ TIER_FIELDS = ("name", "gpu_model", "capacity", "maintenance_gpus", "preemptible
 
 def tier_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
     """The cleaned tier fields; MarketError names the first bad one."""
-    unknown = sorted(set(changes) - set(TIER_FIELDS))
-    if unknown:
-        raise MarketError(
-            f"cannot set {', '.join(unknown)} on a tier; settable: {', '.join(TIER_FIELDS)}"
-        )
+    refusal = fields_unknown(
+        changes, known=TIER_FIELDS, message="cannot set {unknown} on a tier; settable: {known}"
+    )
+    if refusal:
+        raise MarketError(refusal)
     clean: dict[str, Any] = {}
     for name, value in changes.items():
         if name in ("capacity", "maintenance_gpus"):

@@ -53,38 +53,29 @@ def _enforcement_request() -> None:
 
 @dataclass(frozen=True)
 class _Unwind:
-    """How one kind of unwinding differs from the other; everything else is shared."""
+    """How failing and voiding differ; everything else is shared."""
 
+    key: str  # idempotency keys <key>:<round>:<bid>; audit action round.<key>
+    verb: str  # notification kind round_<verb>; "the round could not be <verb>"
     status: str  # the round's status afterwards
     bids: str  # the status of the bids that get money back
     transfer: Callable[..., Any]  # the ledger call that moves it back
-    key: str  # idempotency key prefix: <key>:<round>:<bid>
-    verb: str  # in the refusal: the round could not be <verb>
-    kind: str  # notification kind
     admin_level: str
-    action: str  # audit action
+
+    @property
+    def kind(self) -> str:
+        return f"round_{self.verb}"
+
+    @property
+    def action(self) -> str:
+        return f"round.{self.key}"
 
 
+Level = Notification.Level
 FAIL = _Unwind(
-    status=Round.Status.FAILED,
-    bids=Bid.Status.OPEN,
-    transfer=credits_release,
-    key="fail",
-    verb="failed",
-    kind="round_failed",
-    admin_level=Notification.Level.CRITICAL,
-    action="round.fail",
+    "fail", "failed", Round.Status.FAILED, Bid.Status.OPEN, credits_release, Level.CRITICAL
 )
-VOID = _Unwind(
-    status=Round.Status.VOIDED,
-    bids=Bid.Status.WON,
-    transfer=credits_refund,
-    key="void",
-    verb="voided",
-    kind="round_voided",
-    admin_level=Notification.Level.WARNING,
-    action="round.void",
-)
+VOID = _Unwind("void", "voided", Round.Status.VOIDED, Bid.Status.WON, credits_refund, Level.WARNING)
 
 
 def _bids_refund(
