@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db.models import Sum
 
-from core.validation import fields_unknown
+from core.validation import fields_known
 from market.diagnostics import JAIN, diagnostic
 from market.errors import MarketError
 from market.models import Allocation, Bid, Round
@@ -46,6 +46,7 @@ GUARDRAIL_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
     "spend_window_hours": (int, 1, 24 * 366),
     "void_on_breach": (bool, None, None),
 }
+GUARDRAIL_UNKNOWN = "unknown guardrail(s) {unknown}; known: {known}"
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,7 @@ def guardrails_validate(value: Any) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise MarketError(f"guardrails must be a mapping of limit name to value, got {value!r}")
-    refusal = fields_unknown(
-        value, known=GUARDRAIL_FIELDS, message="unknown guardrail(s) {unknown}; known: {known}"
-    )
-    if refusal:
-        raise MarketError(refusal)
+    fields_known(value, known=GUARDRAIL_FIELDS, message=GUARDRAIL_UNKNOWN, error=MarketError)
     clean: dict[str, Any] = {}
     for name, raw in value.items():
         if raw is None:

@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 
 import audit.services as audit
-from core.validation import fields_unknown
+from core.validation import fields_known
 from market.errors import MarketError
 from market.models import PolicyVersion, Tier
 from market.selectors import policy_active_get
@@ -32,6 +32,7 @@ POLICY_FIELDS = (
 )
 MAX_ROUND_MINUTES = 7 * 24 * 60
 DEFAULT_ROUND_MINUTES = 60
+POLICY_UNKNOWN = "cannot set {unknown} on a policy version; settable: {known}"
 
 
 def _tier_slugs() -> set[str]:
@@ -59,13 +60,7 @@ def _per_tier(value: Any, *, field: str, minimum: int, maximum: int) -> dict[str
 def policy_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
     """The cleaned changes for a new version; MarketError names the first bad one (forms call
     this in ``clean`` so an admin sees the message next to the form)."""
-    refusal = fields_unknown(
-        changes,
-        known=POLICY_FIELDS,
-        message="cannot set {unknown} on a policy version; settable: {known}",
-    )
-    if refusal:
-        raise MarketError(refusal)
+    fields_known(changes, known=POLICY_FIELDS, message=POLICY_UNKNOWN, error=MarketError)
     clean: dict[str, Any] = {}
     for name, value in changes.items():
         if name == "mechanism":

@@ -61,6 +61,7 @@ class _Unwind:
     bids: str  # the status of the bids that get money back
     transfer: Callable[..., Any]  # the ledger call that moves it back
     admin_level: str
+    no_reason: str  # the refusal when no reason is given
 
     @property
     def kind(self) -> str:
@@ -73,9 +74,42 @@ class _Unwind:
 
 Level = Notification.Level
 FAIL = _Unwind(
-    "fail", "failed", Round.Status.FAILED, Bid.Status.OPEN, credits_release, Level.CRITICAL
+    "fail",
+    "failed",
+    Round.Status.FAILED,
+    Bid.Status.OPEN,
+    credits_release,
+    Level.CRITICAL,
+    no_reason="a failed round needs a reason",
 )
-VOID = _Unwind("void", "voided", Round.Status.VOIDED, Bid.Status.WON, credits_refund, Level.WARNING)
+VOID = _Unwind(
+    "void",
+    "voided",
+    Round.Status.VOIDED,
+    Bid.Status.WON,
+    credits_refund,
+    Level.WARNING,
+    no_reason="say why the round is voided; the reason is shown to every tenant in it",
+)
+
+
+def _round_claim(
+    how: _Unwind, *, round_id: int, reason: str, allowed: tuple[str, ...], refusal: str
+) -> tuple[Round, str, bool]:
+    """The round locked and the reason stripped, and whether the round already is
+    ``how.status`` (then there is nothing to do). MarketError when the reason is blank, or
+    ``refusal`` (with ``{pk}``, ``{status}``, ``{label}``) when the round is in no ``allowed``
+    status."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise MarketError(how.no_reason)
+    rnd = round_locked(round_id)
+    if rnd.status == how.status:
+        return rnd, reason, True
+    if rnd.status not in allowed:
+        label = rnd.get_status_display().lower()
+        raise MarketError(refusal.format(pk=rnd.pk, status=rnd.status, label=label))
+    return rnd, reason, False
 
 
 def _bids_refund(
@@ -157,16 +191,15 @@ def round_fail(
     """Mark a round that has not settled as failed: every open bid's escrow goes back to
     available (bid status ``refunded``) and the reason is kept on the round, audited and
     sent to admins and to each tenant that had a bid in it. Idempotent."""
-    reason = (reason or "").strip()
-    if not reason:
-        raise MarketError("a failed round needs a reason")
-    rnd = round_locked(round.pk)
-    if rnd.status == Round.Status.FAILED:
+    rnd, reason, done = _round_claim(
+        FAIL,
+        round_id=round.pk,
+        reason=reason,
+        allowed=FAILABLE,
+        refusal="round {pk} is {status}; only a round that has not settled can fail",
+    )
+    if done:
         return rnd
-    if rnd.status not in FAILABLE:
-        raise MarketError(
-            f"round {rnd.pk} is {rnd.status}; only a round that has not settled can fail"
-        )
     bids = bids_locked(rnd, status=FAIL.bids)
     refunded = _bids_refund(
         how=FAIL,
@@ -214,17 +247,16 @@ def round_void(
     kept; tenants and admins are notified; one audit event records the totals. Voiding a
     round that is already voided returns it unchanged.
     """
-    reason = (reason or "").strip()
-    if not reason:
-        raise MarketError("say why the round is voided; the reason is shown to every tenant in it")
-    rnd = round_locked(round.pk)
-    if rnd.status == Round.Status.VOIDED:
+    rnd, reason, done = _round_claim(
+        VOID,
+        round_id=round.pk,
+        reason=reason,
+        allowed=VOIDABLE,
+        refusal="round {pk} is {label}; only a settled or finished round can be voided (a round "
+        "that has not settled can be failed instead, which releases escrow)",
+    )
+    if done:
         return rnd
-    if rnd.status not in VOIDABLE:
-        raise MarketError(
-            f"round {rnd.pk} is {rnd.get_status_display().lower()}; only a settled or finished round "
-            "can be voided (a round that has not settled can be failed instead, which releases escrow)"
-        )
     bids = bids_locked(rnd, status=VOID.bids)
     allocations = list(Allocation.objects.select_for_update().filter(round=rnd).order_by("pk"))
     charged: dict[int, int] = defaultdict(int)
