@@ -97,6 +97,21 @@ def _with_limits(qs: QuerySet[Bid]) -> QuerySet[Bid]:
     )
 
 
+def bids_with_limits() -> QuerySet[Bid]:
+    """Every bid with its round, author, campaign and limits; scope it to a tenant before use
+    (the API's tenant-scoped viewsets do)."""
+    return _with_limits(Bid.objects.all())
+
+
+def allocations_with_tier() -> QuerySet[Allocation]:
+    """Every allocation with its tier, newest first; scope it to a tenant before use."""
+    return Allocation.objects.select_related("tier").order_by("-starts_at", "-id")
+
+
+def round_find(*, round_id: int) -> Round | None:
+    return Round.objects.filter(pk=round_id).first()
+
+
 def bids_for_tenant(
     *, tenant: Tenant, round_id: int | None = None, status: str | None = None
 ) -> QuerySet[Bid]:
