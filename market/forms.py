@@ -7,9 +7,13 @@ come back as form errors.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 
+from market.errors import MarketError
 from market.models import Tier
+from market.services.tiers import TIER_FIELDS, tier_changes_validate, tier_slug_validate
 from tenants.forms import CreditsField
 from tenants.models import Campaign
 
@@ -66,7 +70,11 @@ class BidForm(forms.Form):
         }
 
 
-class TierForm(forms.Form):
+class TierForm(forms.ModelForm):
+    """A tier's settable fields, on the staff tiers page and in the admin. The services check
+    them (``clean`` asks the same validation the service runs, so a refusal shows on the form);
+    the views and the admin save through ``tier_create`` / ``tier_update``, never ``save()``."""
+
     name = forms.CharField(max_length=120)
     gpu_model = forms.CharField(max_length=120, required=False, label="GPU model")
     capacity = forms.IntegerField(
@@ -76,6 +84,22 @@ class TierForm(forms.Form):
     preemptible = forms.BooleanField(required=False)
     active = forms.BooleanField(required=False, label="Offered in rounds")
 
+    class Meta:
+        model = Tier
+        fields = TIER_FIELDS
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        try:
+            tier_changes_validate({name: data[name] for name in TIER_FIELDS if name in data})
+        except MarketError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return data
+
+    def validate_unique(self) -> None:
+        # The services check uniqueness, with their own message.
+        return
+
 
 class TierCreateForm(TierForm):
     slug = forms.SlugField(
@@ -83,6 +107,17 @@ class TierCreateForm(TierForm):
     )
     field_order = ["slug", "name", "gpu_model", "capacity", "maintenance_gpus", "preemptible"]
 
+    class Meta(TierForm.Meta):
+        fields = ("slug", *TIER_FIELDS)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         del self.fields["active"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        try:
+            tier_slug_validate(data.get("slug", ""))
+        except MarketError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return data
