@@ -15,7 +15,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from market.errors import MarketError
-from market.forms import TierCreateForm, TierForm
+from market.forms import TierCreateForm, TierForm, service_checked
 from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
 from market.services import (
     policy_activate,
@@ -107,10 +107,7 @@ class PolicyVersionForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
-        try:
-            policy_changes_validate({name: data[name] for name in POLICY_FIELDS if name in data})
-        except MarketError as exc:
-            raise forms.ValidationError(str(exc)) from exc
+        service_checked(policy_changes_validate, {n: data[n] for n in POLICY_FIELDS if n in data})
         return data
 
 

@@ -7,6 +7,7 @@ come back as form errors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -16,6 +17,14 @@ from market.models import Tier
 from market.services.tiers import TIER_FIELDS, tier_changes_validate, tier_slug_validate
 from tenants.forms import CreditsField
 from tenants.models import Campaign
+
+
+def service_checked(check: Callable[[Any], Any], value: Any) -> None:
+    """Run a service's validation on what a form cleaned; its refusal becomes a form error."""
+    try:
+        check(value)
+    except MarketError as exc:
+        raise forms.ValidationError(str(exc)) from exc
 
 
 def limit_field_name(tier: Tier) -> str:
@@ -90,10 +99,7 @@ class TierForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        try:
-            tier_changes_validate({name: data[name] for name in TIER_FIELDS if name in data})
-        except MarketError as exc:
-            raise forms.ValidationError(str(exc)) from exc
+        service_checked(tier_changes_validate, {n: data[n] for n in TIER_FIELDS if n in data})
         return data
 
     def validate_unique(self) -> None:
@@ -116,8 +122,5 @@ class TierCreateForm(TierForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
-        try:
-            tier_slug_validate(data.get("slug", ""))
-        except MarketError as exc:
-            raise forms.ValidationError(str(exc)) from exc
+        service_checked(tier_slug_validate, data.get("slug", ""))
         return data
