@@ -1,6 +1,6 @@
 """Staff pages of the market: tiers (create, change capacity and offer) and rounds.
 
-Staff only (``audit.views.staff_required``); each view parses, calls one service or reads,
+Staff only (``core.auth.staff_required``); each view parses, calls one service or reads,
 and renders. A MarketError from a service becomes a form error on the tier that caused it.
 """
 
