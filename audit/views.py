@@ -1,22 +1,15 @@
-"""Audit review for platform staff: filter the log, verify the chain, export what is shown.
-
-``staff_required`` lives here because audit is the lowest app: every other app's staff pages
-import it from here without breaking the import direction.
-"""
+"""Audit review for platform staff: filter the log, verify the chain, export what is shown."""
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, time, timedelta
-from functools import wraps
 
 from django import forms
 from django.apps import apps
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
@@ -25,21 +18,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from audit.models import AuditEvent
 from audit.selectors import chain_verify, events_filter
+from core.auth import staff_required
 
 PAGE_SIZE = 50
-
-
-def staff_required(view: Callable) -> Callable:
-    """Anonymous -> login page; signed in but not platform staff -> 403."""
-
-    @login_required
-    @wraps(view)
-    def wrapped(request: HttpRequest, *args, **kwargs):
-        if not request.user.is_staff:
-            raise PermissionDenied("This page is for platform administrators.")
-        return view(request, *args, **kwargs)
-
-    return wrapped
 
 
 def _tenants():

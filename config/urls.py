@@ -10,7 +10,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("metrics", metrics, name="metrics"),
     path("api/", include("config.api_urls")),
-    path("market/policy/", include("market.policy_urls")),
+    path("market/policy/", include("market.policy.urls")),
     path("market/", include("market.urls")),
     path("fleet/", include("telemetry.urls")),
     path("audit/", include("audit.urls")),

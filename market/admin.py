@@ -15,6 +15,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from market.errors import MarketError
+from market.forms import TierCreateForm, TierForm, service_checked
 from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
 from market.services import (
     policy_activate,
@@ -24,7 +25,7 @@ from market.services import (
     tier_update,
 )
 from market.services.policy import POLICY_FIELDS, policy_changes_validate
-from market.services.tiers import TIER_FIELDS, tier_changes_validate, tier_slug_validate
+from market.services.tiers import TIER_FIELDS
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -45,24 +46,10 @@ def _pretty(value) -> str:
 # Tiers ------------------------------------------------------------------------------------
 
 
-class TierForm(forms.ModelForm):
-    class Meta:
-        model = Tier
-        fields = ("slug", *TIER_FIELDS)
-
-    def clean(self):
-        data = super().clean()
-        try:
-            if self.instance.pk is None:
-                tier_slug_validate(data.get("slug", ""))
-            tier_changes_validate({name: data[name] for name in TIER_FIELDS if name in data})
-        except MarketError as exc:
-            raise forms.ValidationError(str(exc)) from exc
-        return data
-
-
 @admin.register(Tier)
 class TierAdmin(admin.ModelAdmin):
+    """Tiers through the staff page's forms (market/forms.py) and the tier services."""
+
     form = TierForm
     list_display = (
         "slug",
@@ -78,6 +65,10 @@ class TierAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         return ("slug", "created_at") if obj is not None else ("created_at",)
+
+    def get_form(self, request, obj=None, **kwargs):
+        kwargs["form"] = TierForm if obj is not None else TierCreateForm
+        return super().get_form(request, obj, **kwargs)
 
     def has_delete_permission(self, request, obj=None):
         # Tiers are referenced by bids and allocations; take one off offer with "active".
@@ -116,10 +107,7 @@ class PolicyVersionForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
-        try:
-            policy_changes_validate({name: data[name] for name in POLICY_FIELDS if name in data})
-        except MarketError as exc:
-            raise forms.ValidationError(str(exc)) from exc
+        service_checked(policy_changes_validate, {n: data[n] for n in POLICY_FIELDS if n in data})
         return data
 
 

@@ -1,8 +1,7 @@
 """Market charts: pure functions from plain data to plotly figures (no database access).
 
 Money arrives in milli-credits (integers) and is shown in credits; the division happens here,
-for display only. ``figure_html`` renders a figure as a div and an inline script that expects
-plotly.js to be loaded already (from our static files, never a CDN).
+for display only. ``core.charts.figure_html`` turns a figure into a page fragment.
 """
 
 from __future__ import annotations
@@ -21,16 +20,10 @@ _LAYOUT = {
     "template": "plotly_white",
     "legend": {"orientation": "h", "y": -0.2},
 }
-_CONFIG = {"displaylogo": False, "responsive": True}
 
 
 def _credits(milli: int | float) -> float:
     return milli / MILLI
-
-
-def figure_html(fig: go.Figure, *, element_id: str) -> str:
-    """The figure as an HTML fragment (div + script); plotly.js must already be on the page."""
-    return fig.to_html(include_plotlyjs=False, full_html=False, div_id=element_id, config=_CONFIG)
 
 
 def price_history(series: Mapping[str, Sequence[tuple[datetime, int]]]) -> go.Figure:

@@ -6,6 +6,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from market.models import PolicyVersion, Tier
+from market.selectors import policy_active_get
 from market.services import policy_activate, policy_version_create, tier_create
 
 DEMO_TIERS = (
@@ -45,7 +46,7 @@ def demo_market_seed(*, actor: AbstractBaseUser | str | None) -> PolicyVersion:
                 capacity=capacity,
                 preemptible=preemptible,
             )
-    active = PolicyVersion.objects.filter(status=PolicyVersion.Status.ACTIVE).first()
+    active = policy_active_get()
     if _is_demo_policy(active):
         return active
     version = policy_version_create(actor=actor, based_on=active, note="demo policy", **DEMO_POLICY)

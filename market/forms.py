@@ -7,11 +7,24 @@ come back as form errors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django import forms
 
+from market.errors import MarketError
 from market.models import Tier
+from market.services.tiers import TIER_FIELDS, tier_changes_validate, tier_slug_validate
 from tenants.forms import CreditsField
 from tenants.models import Campaign
+
+
+def service_checked(check: Callable[[Any], Any], value: Any) -> None:
+    """Run a service's validation on what a form cleaned; its refusal becomes a form error."""
+    try:
+        check(value)
+    except MarketError as exc:
+        raise forms.ValidationError(str(exc)) from exc
 
 
 def limit_field_name(tier: Tier) -> str:
@@ -66,7 +79,11 @@ class BidForm(forms.Form):
         }
 
 
-class TierForm(forms.Form):
+class TierForm(forms.ModelForm):
+    """A tier's settable fields, on the staff tiers page and in the admin. The services check
+    them (``clean`` asks the same validation the service runs, so a refusal shows on the form);
+    the views and the admin save through ``tier_create`` / ``tier_update``, never ``save()``."""
+
     name = forms.CharField(max_length=120)
     gpu_model = forms.CharField(max_length=120, required=False, label="GPU model")
     capacity = forms.IntegerField(
@@ -76,6 +93,19 @@ class TierForm(forms.Form):
     preemptible = forms.BooleanField(required=False)
     active = forms.BooleanField(required=False, label="Offered in rounds")
 
+    class Meta:
+        model = Tier
+        fields = TIER_FIELDS
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        service_checked(tier_changes_validate, {n: data[n] for n in TIER_FIELDS if n in data})
+        return data
+
+    def validate_unique(self) -> None:
+        # The services check uniqueness, with their own message.
+        return
+
 
 class TierCreateForm(TierForm):
     slug = forms.SlugField(
@@ -83,6 +113,14 @@ class TierCreateForm(TierForm):
     )
     field_order = ["slug", "name", "gpu_model", "capacity", "maintenance_gpus", "preemptible"]
 
+    class Meta(TierForm.Meta):
+        fields = ("slug", *TIER_FIELDS)
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         del self.fields["active"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        service_checked(tier_slug_validate, data.get("slug", ""))
+        return data

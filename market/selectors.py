@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet, Sum
+from django.db.models import Count, Prefetch, QuerySet, Sum
+from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
 from tenants.access import access_object, scoped
-from tenants.models import Tenant
+from tenants.models import Budget, Campaign, Tenant, Transfer
+
+CLEARED = (Round.Status.CLEARED, Round.Status.SETTLED, Round.Status.FINISHED)
 
 
 def tiers_offered() -> QuerySet[Tier]:
@@ -28,19 +31,85 @@ def round_open_current(*, now: datetime | None = None) -> Round | None:
     )
 
 
+def rounds_all() -> QuerySet[Round]:
+    """Every round, newest window first."""
+    return Round.objects.select_related("policy", "shadow_policy").order_by("-starts_at")
+
+
 def rounds_recent(*, limit: int = 20) -> QuerySet[Round]:
-    return Round.objects.select_related("policy", "shadow_policy").order_by("-starts_at")[:limit]
+    return rounds_all()[:limit]
 
 
-def round_get(*, round_id: object) -> Round:
-    """A round by id (rounds are public to every signed-in user); Round.DoesNotExist if missing."""
-    return Round.objects.select_related("policy", "shadow_policy").get(pk=round_id)
+def rounds_open() -> QuerySet[Round]:
+    """Rounds open for bids, soonest closing first."""
+    return (
+        Round.objects.select_related("policy")
+        .filter(status=Round.Status.OPEN)
+        .order_by("closes_at")
+    )
+
+
+def round_last_cleared() -> Round | None:
+    """The newest round that has cleared (cleared, settled or finished)."""
+    return (
+        Round.objects.filter(status__in=CLEARED)
+        .select_related("policy")
+        .order_by("-starts_at")
+        .first()
+    )
+
+
+def round_demand(*, rnd: Round) -> dict[str, list[tuple[int, int]]]:
+    """Per tier slug, each bid's (limit price, GPUs) in the round, cancelled bids left out."""
+    demand: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for slug, price, quantity in (
+        BidLimit.objects.filter(bid__round=rnd)
+        .exclude(bid__status=Bid.Status.CANCELLED)
+        .values_list("tier__slug", "price", "bid__quantity")
+    ):
+        demand[slug].append((price, quantity))
+    return dict(demand)
+
+
+def round_allocations(*, rnd: Round) -> list[Allocation]:
+    return list(
+        Allocation.objects.filter(round=rnd)
+        .select_related("tenant", "tier")
+        .order_by("tier__slug", "tenant__name")
+    )
+
+
+def round_bid_counts(*, rnd: Round) -> dict[str, int]:
+    """{bid status: how many of the round's bids have it}, every status present."""
+    counts = dict(
+        Bid.objects.filter(round=rnd).values_list("status").annotate(n=Count("pk")).order_by()
+    )
+    return {status: counts.get(status, 0) for status in Bid.Status.values}
+
+
+def tiers_all() -> QuerySet[Tier]:
+    return Tier.objects.order_by("slug")
 
 
 def _with_limits(qs: QuerySet[Bid]) -> QuerySet[Bid]:
     return qs.select_related("round", "author", "campaign").prefetch_related(
         Prefetch("limits", queryset=BidLimit.objects.select_related("tier").order_by("tier__slug"))
     )
+
+
+def bids_with_limits() -> QuerySet[Bid]:
+    """Every bid with its round, author, campaign and limits; scope it to a tenant before use
+    (the API's tenant-scoped viewsets do)."""
+    return _with_limits(Bid.objects.all())
+
+
+def allocations_with_tier() -> QuerySet[Allocation]:
+    """Every allocation with its tier, newest first; scope it to a tenant before use."""
+    return Allocation.objects.select_related("tier").order_by("-starts_at", "-id")
+
+
+def round_find(*, round_id: int) -> Round | None:
+    return Round.objects.filter(pk=round_id).first()
 
 
 def bids_for_tenant(
@@ -59,63 +128,6 @@ def bid_get(*, tenant: Tenant, bid_id: object) -> Bid:
     return access_object(_with_limits(Bid.objects.all()), tenant=tenant, pk=bid_id)
 
 
-def bid_limits(bid: Bid) -> dict[str, int]:
-    """{tier slug: milli-credits per GPU-hour} (uses the prefetch from the selectors above)."""
-    return {limit.tier.slug: limit.price for limit in bid.limits.all()}
-
-
-def allocations_for_tenant(*, tenant: Tenant, status: str | None = None) -> QuerySet[Allocation]:
-    qs = scoped(Allocation.objects.all(), tenant=tenant).select_related("tier", "round", "bid")
-    if status is not None:
-        qs = qs.filter(status=status)
-    return qs.order_by("-starts_at", "-id")
-
-
-def allocations_running(*, at: datetime | None = None) -> QuerySet[Allocation]:
-    """Allocations whose window contains ``at`` and that are not finished or revoked: the
-    desired state the enforcement loop compares with what the GPUs are doing."""
-    at = at or timezone.now()
-    return (
-        Allocation.objects.filter(
-            starts_at__lte=at,
-            ends_at__gt=at,
-            status__in=[Allocation.Status.ACTIVE, Allocation.Status.PAUSED],
-        )
-        .select_related("tenant", "tier", "round")
-        .order_by("pk")
-    )
-
-
-def round_results(*, rnd: Round) -> dict[str, Any]:
-    """Per tier: capacity offered, price, GPUs allocated and demand (GPUs bid); plus revenue."""
-    allocated: dict[str, int] = defaultdict(int)
-    for slug, gpus in Allocation.objects.filter(round=rnd).values_list("tier__slug", "gpus"):
-        allocated[slug] += gpus
-    demand: dict[str, int] = defaultdict(int)
-    for slug, quantity in (
-        BidLimit.objects.filter(bid__round=rnd)
-        .exclude(bid__status=Bid.Status.CANCELLED)
-        .values_list("tier__slug", "bid__quantity")
-    ):
-        demand[slug] += quantity
-    slugs = sorted(set(rnd.capacities) | set(rnd.prices) | set(demand))
-    return {
-        "tiers": [
-            {
-                "tier": slug,
-                "capacity": rnd.capacities.get(slug),
-                "price": rnd.prices.get(slug),
-                "allocated": allocated.get(slug, 0),
-                "demand": demand.get(slug, 0),
-            }
-            for slug in slugs
-        ],
-        "revenue": rnd.revenue,
-        "diagnostics": rnd.diagnostics,
-        "shadow": rnd.shadow_result,
-    }
-
-
 def price_history(*, limit: int = 50) -> list[dict[str, Any]]:
     """Recent cleared prices, oldest first: [{"round", "starts_at", "prices": {slug: price}}]."""
     rows = (
@@ -131,13 +143,49 @@ def price_history(*, limit: int = 50) -> list[dict[str, Any]]:
     ]
 
 
-def tenant_spend(*, tenant: Tenant, since: datetime | None = None) -> int:
-    """Milli-credits charged to the tenant by settled allocations (since ``since``)."""
-    qs = scoped(Allocation.objects.exclude(status=Allocation.Status.REVOKED), tenant=tenant)
-    if since is not None:
-        qs = qs.filter(starts_at__gte=since)
-    return qs.aggregate(total=Sum("charge"))["total"] or 0
+def policy_active_get() -> PolicyVersion | None:
+    """The active policy version, or None on a fresh platform. The one read of it: the market
+    services create the default version (``policy_active``) when the first round opens."""
+    return PolicyVersion.objects.filter(status=PolicyVersion.Status.ACTIVE).first()
 
 
-def policy_versions() -> QuerySet[PolicyVersion]:
-    return PolicyVersion.objects.select_related("parent", "created_by").order_by("-number")
+def campaigns_current(*, tenant: Tenant, at: datetime | None = None) -> QuerySet[Campaign]:
+    """The tenant's campaigns running at ``at`` (now by default)."""
+    at = at or timezone.now()
+    return scoped(Campaign.objects, tenant=tenant).filter(starts_at__lte=at, ends_at__gt=at)
+
+
+SPEND_SIGN = {Transfer.Kind.CHARGE: 1, Transfer.Kind.REFUND: -1}
+
+
+def tenant_spend_by_day(*, tenant: Tenant, since: date) -> dict[date, int]:
+    """Milli-credits charged less refunded, per UTC day from ``since`` on."""
+    rows = (
+        scoped(Transfer.objects, tenant=tenant)
+        .filter(
+            kind__in=list(SPEND_SIGN),
+            created_at__gte=datetime.combine(since, datetime.min.time(), tzinfo=UTC),
+        )
+        .annotate(day=TruncDate("created_at", tzinfo=UTC))
+        .values("day", "kind")
+        .annotate(total=Sum("amount"))
+    )
+    per_day: dict[date, int] = defaultdict(int)
+    for row in rows:
+        per_day[row["day"]] += SPEND_SIGN[row["kind"]] * row["total"]
+    return dict(per_day)
+
+
+def tenant_charges(*, tenant: Tenant, limit: int = 50) -> QuerySet[Transfer]:
+    """The tenant's newest charges and refunds."""
+    return (
+        scoped(Transfer.objects, tenant=tenant)
+        .filter(kind__in=list(SPEND_SIGN))
+        .select_related("campaign")[:limit]
+    )
+
+
+def budgets_active(*, tenant: Tenant) -> list[Budget]:
+    return list(
+        scoped(Budget.objects.filter(active=True), tenant=tenant).select_related("campaign")
+    )

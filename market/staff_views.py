@@ -1,6 +1,6 @@
 """Staff pages of the market: tiers (create, change capacity and offer) and rounds.
 
-Staff only (``audit.views.staff_required``); each view parses, calls one service or reads,
+Staff only (``core.auth.staff_required``); each view parses, calls one service or reads,
 and renders. A MarketError from a service becomes a form error on the tier that caused it.
 """
 
@@ -14,19 +14,28 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from audit.views import staff_required
-from market.charts import figure_html, round_utilisation
+from core.auth import staff_required
+from core.charts import figure_html
+from market.charts import round_utilisation
 from market.errors import MarketError
 from market.forms import TierCreateForm, TierForm
-from market.models import Allocation, Bid, Round, Tier
+from market.models import Tier
+from market.selectors import (
+    CLEARED,
+    policy_active_get,
+    round_allocations,
+    round_bid_counts,
+    rounds_all,
+    tiers_all,
+)
 from market.services import tier_create, tier_update
-from market.views import CLEARED, active_policy, supply_demand_charts
+from market.views import supply_demand_charts
 
 
 def _tiers_page(request, *, create_form=None, forms_by_pk=None, status=200):
-    policy = active_policy()
+    policy = policy_active_get()
     rows = []
-    for tier in Tier.objects.order_by("slug"):
+    for tier in tiers_all():
         form = (forms_by_pk or {}).get(tier.pk) or TierForm(
             initial={name: getattr(tier, name) for name in TierForm.base_fields},
             prefix=f"t{tier.pk}",
@@ -87,24 +96,18 @@ def staff_tier_update(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 @staff_required
 def staff_rounds(request: HttpRequest) -> HttpResponse:
-    rounds = Round.objects.select_related("policy", "shadow_policy").order_by("-starts_at")
-    page = Paginator(rounds, 25).get_page(request.GET.get("page"))
+    page = Paginator(rounds_all(), 25).get_page(request.GET.get("page"))
     return render(request, "market/staff_rounds.html", {"page": page})
 
 
 @require_GET
 @staff_required
 def staff_round_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    rnd = get_object_or_404(Round.objects.select_related("policy", "shadow_policy"), pk=pk)
-    allocations = list(
-        Allocation.objects.filter(round=rnd)
-        .select_related("tenant", "tier")
-        .order_by("tier__slug", "tenant__name")
-    )
+    rnd = get_object_or_404(rounds_all(), pk=pk)
+    allocations = round_allocations(rnd=rnd)
     allocated: dict[str, int] = defaultdict(int)
     for a in allocations:
         allocated[a.tier.slug] += a.gpus
-    bids = Bid.objects.filter(round=rnd)
     charts = []
     if rnd.status in CLEARED:
         charts.append(
@@ -120,7 +123,7 @@ def staff_round_detail(request: HttpRequest, pk: int) -> HttpResponse:
         {
             "round": rnd,
             "allocations": allocations,
-            "bid_counts": {s: bids.filter(status=s).count() for s in Bid.Status.values},
+            "bid_counts": round_bid_counts(rnd=rnd),
             "charts": charts,
             "prices": sorted(rnd.prices.items()),
             "capacities": sorted(rnd.capacities.items()),

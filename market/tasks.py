@@ -12,7 +12,6 @@ import logging
 from celery import shared_task
 
 from market.errors import MarketError
-from market.guardrails import guardrails_after_settlement
 from market.services import round_process, rounds_tick
 
 logger = logging.getLogger(__name__)
@@ -20,13 +19,9 @@ logger = logging.getLogger(__name__)
 
 @shared_task(name="market.rounds_tick")
 def rounds_tick_task() -> dict:
-    """Beat, every few seconds: clear and settle due rounds, open the next, finish ended ones."""
+    """Beat, every few seconds: clear, settle and judge due rounds, open the next, finish
+    ended ones."""
     report = rounds_tick()
-    # Guardrails judge each round right after it settles; a breach rolls the policy back
-    # before the next round clears.
-    guardrails_after_settlement(
-        round_ids=[pk for pk, status in report.processed.items() if status == "settled"]
-    )
     if report.errors:
         logger.warning(
             "rounds tick: %d round(s) failed and will be retried: %s",
@@ -43,12 +38,9 @@ def rounds_tick_task() -> dict:
 
 @shared_task(name="market.round_clear")
 def round_clear_task(round_id: int) -> str:
-    """Close (if due), clear and settle one round now instead of waiting for the next tick."""
+    """Close (if due), clear, settle and judge one round now instead of waiting for the tick."""
     try:
-        status = round_process(round_id=round_id).status
-        if status == "settled":
-            guardrails_after_settlement(round_ids=[round_id])
-        return status
+        return round_process(round_id=round_id).status
     except MarketError as exc:
         # Not due yet, or refused: nothing to retry; the tick handles it when it is due.
         logger.info("round %s not processed: %s", round_id, exc)

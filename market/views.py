@@ -16,16 +16,14 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Sum
-from django.db.models.functions import TruncDate
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from core.charts import figure_html
 from market.charts import (
     demand_forecast,
-    figure_html,
     price_history,
     spend_over_time,
     supply_demand,
@@ -35,17 +33,28 @@ from market.forecast import MIN_ROUNDS, NONE, rounds_per_day
 from market.forecast import demand_forecast as forecast_demand
 from market.forecast_selectors import tier_demand_history
 from market.forms import BidForm, limit_field_name
-from market.models import Bid, BidLimit, PolicyVersion, Round
-from market.selectors import bid_get, bids_for_tenant, round_open_current, tiers_offered
+from market.models import Bid, PolicyVersion, Round
+from market.selectors import (
+    bid_get,
+    bids_for_tenant,
+    budgets_active,
+    campaigns_current,
+    policy_active_get,
+    round_demand,
+    round_last_cleared,
+    round_open_current,
+    tenant_charges,
+    tenant_spend_by_day,
+    tiers_offered,
+)
 from market.selectors import price_history as price_history_rows
 from market.services import bid_cancel, bid_edit, bid_escrow, bid_place
 from market.services.bids import window_seconds
-from tenants.access import require_tenant, scoped
+from tenants.access import require_tenant
 from tenants.budgets import budget_usage, budgets_applicable
 from tenants.ledger import balance_get
-from tenants.models import Budget, Campaign, Transfer
+from tenants.models import Budget
 
-CLEARED = (Round.Status.CLEARED, Round.Status.SETTLED, Round.Status.FINISHED)
 PRICE_HISTORY_ROUNDS = 48
 # The forecast looks at up to four seasons (days) of rounds, at most a week of 5-minute rounds,
 # and ahead one season, between 6 and 48 rounds.
@@ -57,30 +66,9 @@ FORECAST_HORIZON = (6, 48)
 # Reads used by several pages --------------------------------------------------------------
 
 
-def _last_cleared_round() -> Round | None:
-    return (
-        Round.objects.filter(status__in=CLEARED)
-        .select_related("policy")
-        .order_by("-starts_at")
-        .first()
-    )
-
-
-def active_policy() -> PolicyVersion | None:
-    # Read only: the market services create the default policy when the first round opens.
-    return PolicyVersion.objects.filter(status=PolicyVersion.Status.ACTIVE).first()
-
-
 def supply_demand_charts(rnd: Round) -> list[str]:
     """One supply/demand chart per tier the round offered or was bid on."""
-    demand: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    rows = (
-        BidLimit.objects.filter(bid__round=rnd)
-        .exclude(bid__status=Bid.Status.CANCELLED)
-        .values_list("tier__slug", "price", "bid__quantity")
-    )
-    for slug, price, quantity in rows:
-        demand[slug].append((price, quantity))
+    demand = round_demand(rnd=rnd)
     charts = []
     for i, slug in enumerate(sorted(set(rnd.capacities) | set(demand))):
         price = rnd.prices.get(slug)
@@ -143,8 +131,8 @@ def demand_forecast_charts(policy: PolicyVersion | None) -> dict:
 @login_required
 def market_overview(request: HttpRequest) -> HttpResponse:
     rnd = round_open_current()
-    last = _last_cleared_round()
-    policy = active_policy()
+    last = round_last_cleared()
+    policy = policy_active_get()
     series: dict[str, list[tuple[datetime, int]]] = defaultdict(list)
     for row in price_history_rows(limit=PRICE_HISTORY_ROUNDS):
         for slug, price in row["prices"].items():
@@ -172,11 +160,6 @@ def market_overview(request: HttpRequest) -> HttpResponse:
             "demand_forecast": demand_forecast_charts(policy),
         },
     )
-
-
-def _tenant_campaigns(tenant):
-    now = timezone.now()
-    return scoped(Campaign.objects, tenant=tenant).filter(starts_at__lte=now, ends_at__gt=now)
 
 
 class _BidTerms(forms.Form):
@@ -226,7 +209,7 @@ def _bid_form_page(request, *, tenant, rnd, form, terms, preview=None, status=20
 def bid_new(request: HttpRequest) -> HttpResponse:
     tenant = require_tenant(request.user)
     tiers = tiers_offered()
-    campaigns = _tenant_campaigns(tenant)
+    campaigns = campaigns_current(tenant=tenant)
     if request.method == "GET":
         rnd = round_open_current()
         if rnd is None:
@@ -293,7 +276,7 @@ def bid_preview(request: HttpRequest) -> HttpResponse:
     if not terms.is_valid():
         raise Http404("No such round.")
     rnd = get_object_or_404(Round, pk=terms.cleaned_data["round"])
-    form = BidForm(request.POST, tiers=tiers_offered(), campaigns=_tenant_campaigns(tenant))
+    form = BidForm(request.POST, tiers=tiers_offered(), campaigns=campaigns_current(tenant=tenant))
     return render(
         request,
         "market/_bid_preview.html",
@@ -385,32 +368,12 @@ def spend(request: HttpRequest) -> HttpResponse:
     today = now.astimezone(UTC).date()
     start = today.replace(day=1)
     days = [start + timedelta(days=i) for i in range((today - start).days + 1)]
-    signed = {Transfer.Kind.CHARGE: 1, Transfer.Kind.REFUND: -1}
-    rows = (
-        scoped(Transfer.objects, tenant=tenant)
-        .filter(
-            kind__in=list(signed),
-            created_at__gte=datetime.combine(start, datetime.min.time(), tzinfo=UTC),
-        )
-        .annotate(day=TruncDate("created_at", tzinfo=UTC))
-        .values("day", "kind")
-        .annotate(total=Sum("amount"))
-    )
-    per_day: dict = defaultdict(int)
-    for row in rows:
-        per_day[row["day"]] += signed[row["kind"]] * row["total"]
-    budgets = list(
-        scoped(Budget.objects.filter(active=True), tenant=tenant).select_related("campaign")
-    )
+    per_day = tenant_spend_by_day(tenant=tenant, since=start)
+    budgets = budgets_active(tenant=tenant)
     caps = {b.get_window_display(): b.cap for b in budgets if b.window == Budget.Window.MONTH}
     daily_cap = next((b.cap for b in budgets if b.window == Budget.Window.DAY), None)
     fig = spend_over_time(
         days=days, daily=[per_day.get(d, 0) for d in days], caps=caps, daily_cap=daily_cap
-    )
-    charges = (
-        scoped(Transfer.objects, tenant=tenant)
-        .filter(kind__in=list(signed))
-        .select_related("campaign")[:50]
     )
     return render(
         request,
@@ -418,7 +381,7 @@ def spend(request: HttpRequest) -> HttpResponse:
         {
             "chart": figure_html(fig, element_id="spend-chart"),
             "usages": [budget_usage(budget=b, at=now) for b in budgets],
-            "charges": charges,
+            "charges": tenant_charges(tenant=tenant),
             "month_total": sum(per_day.values()),
         },
     )

@@ -7,9 +7,7 @@ from datetime import datetime
 
 import plotly.graph_objects as go
 
-from market.charts import figure_html
-
-__all__ = ["figure_html", "gpu_heatmap", "utilisation_lines"]
+__all__ = ["gpu_heatmap", "utilisation_lines"]
 
 _LAYOUT = {"margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "template": "plotly_white"}
 

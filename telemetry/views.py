@@ -13,24 +13,35 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import OuterRef, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 from django.views.decorators.http import require_GET, require_POST
 
-from audit.views import staff_required
-from market.models import Allocation
-from telemetry.charts import figure_html, gpu_heatmap, utilisation_lines
+from core.auth import staff_required
+from core.charts import figure_html
+from telemetry.charts import gpu_heatmap, utilisation_lines
 from telemetry.errors import TelemetryError
 from telemetry.metrics import metrics_render
-from telemetry.models import EnforcementAction, Gpu, ProcessObservation, Sample, SampleMinute
-from telemetry.selectors import actions_for_tenant, actions_recent, gpus_list, nodes_list
+from telemetry.models import Gpu
+from telemetry.selectors import (
+    actions_for_tenant,
+    actions_recent,
+    allocation_get,
+    allocation_gpu_ids,
+    allocations_past_for_tenant,
+    allocations_running_for_tenant,
+    gpus_get,
+    gpus_list,
+    nodes_list,
+    utilisation_by_minute,
+    utilisation_latest,
+    utilisation_series,
+)
 from telemetry.services import gpu_maintenance_set
-from tenants.access import access_object, require_tenant, scoped
+from tenants.access import require_tenant
 
-RUNNING = (Allocation.Status.ACTIVE, Allocation.Status.PAUSED)
 HEATMAP_MINUTES = 60
 LIVE_WINDOW = timedelta(minutes=5)
 
@@ -39,39 +50,10 @@ def _gpu_label(gpu: Gpu) -> str:
     return f"{gpu.node.name}/{gpu.index}" + (" (simulated)" if gpu.node.simulated else "")
 
 
-def _allocation_gpu_ids(allocation_ids: list[int]) -> dict[int, set[int]]:
-    """GPUs each allocation runs on: where its tagged processes were last seen, and where
-    enforcement acted on it."""
-    gpus: dict[int, set[int]] = defaultdict(set)
-    for ref, gpu_id in ProcessObservation.objects.filter(
-        allocation_ref__in=allocation_ids
-    ).values_list("allocation_ref", "gpu_id"):
-        gpus[ref].add(gpu_id)
-    for ref, gpu_id in EnforcementAction.objects.filter(
-        allocation_id__in=allocation_ids
-    ).values_list("allocation_id", "gpu_id"):
-        gpus[ref].add(gpu_id)
-    return gpus
-
-
-def _latest_utilisation(gpu_ids: set[int], *, since: datetime) -> dict[int, float]:
-    latest = Sample.objects.filter(gpu=OuterRef("pk"), at__gte=since).order_by("-at")
-    rows = (
-        Gpu.objects.filter(pk__in=gpu_ids)
-        .annotate(util=Subquery(latest.values("utilization_pct")[:1]))
-        .values_list("pk", "util")
-    )
-    return {pk: util for pk, util in rows if util is not None}
-
-
 def _running_rows(tenant) -> list[dict]:
-    allocations = list(
-        scoped(Allocation.objects.filter(status__in=RUNNING), tenant=tenant).select_related(
-            "tier", "round"
-        )
-    )
-    gpus = _allocation_gpu_ids([a.pk for a in allocations])
-    utilisation = _latest_utilisation(
+    allocations = allocations_running_for_tenant(tenant=tenant)
+    gpus = allocation_gpu_ids([a.pk for a in allocations])
+    utilisation = utilisation_latest(
         set().union(*gpus.values()) if gpus else set(), since=timezone.now() - LIVE_WINDOW
     )
     rows = []
@@ -99,9 +81,7 @@ def allocations_live(request: HttpRequest) -> HttpResponse:
 @login_required
 def allocation_list(request: HttpRequest) -> HttpResponse:
     tenant = require_tenant(request.user)
-    finished = scoped(Allocation.objects.exclude(status__in=RUNNING), tenant=tenant).select_related(
-        "tier", "round"
-    )
+    finished = allocations_past_for_tenant(tenant=tenant)
     return render(
         request,
         "telemetry/allocation_list.html",
@@ -113,39 +93,15 @@ def allocation_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _utilisation_series(gpus: list[Gpu], *, start: datetime, end: datetime) -> dict[str, list]:
-    """Per-GPU utilisation over [start, end): minute rollups, or raw samples for GPUs whose
-    minutes are not rolled up yet."""
-    labels = {g.pk: _gpu_label(g) for g in gpus}
-    series: dict[str, list] = defaultdict(list)
-    for gpu_id, minute, util in (
-        SampleMinute.objects.filter(gpu_id__in=labels, minute__gte=start, minute__lt=end)
-        .order_by("gpu_id", "minute")
-        .values_list("gpu_id", "minute", "utilization_avg")
-    ):
-        series[labels[gpu_id]].append((minute, util))
-    missing = [pk for pk, label in labels.items() if label not in series]
-    for gpu_id, at, util in (
-        Sample.objects.filter(gpu_id__in=missing, at__gte=start, at__lt=end)
-        .order_by("gpu_id", "at")
-        .values_list("gpu_id", "at", "utilization_pct")
-    ):
-        series[labels[gpu_id]].append((at, util))
-    return dict(series)
-
-
 @require_GET
 @login_required
 def allocation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     tenant = require_tenant(request.user)
-    allocation = access_object(
-        Allocation.objects.select_related("tier", "round", "bid"), tenant=tenant, pk=pk
-    )
-    gpu_ids = _allocation_gpu_ids([allocation.pk]).get(allocation.pk, set())
-    gpus = list(Gpu.objects.filter(pk__in=gpu_ids).select_related("node"))
+    allocation = allocation_get(tenant=tenant, allocation_id=pk)
+    gpus = gpus_get(gpu_ids=allocation_gpu_ids([allocation.pk]).get(allocation.pk, set()))
     end = min(timezone.now(), allocation.ends_at)
     series = (
-        _utilisation_series(gpus, start=allocation.starts_at, end=end)
+        utilisation_series({g.pk: _gpu_label(g) for g in gpus}, start=allocation.starts_at, end=end)
         if end > allocation.starts_at
         else {}
     )
@@ -173,23 +129,8 @@ def _heatmap(gpus: list[Gpu], *, now: datetime) -> str:
     """Utilisation of every GPU over the last hour, one cell per minute."""
     start = (now - timedelta(minutes=HEATMAP_MINUTES)).replace(second=0, microsecond=0)
     minutes = [start + timedelta(minutes=i) for i in range(HEATMAP_MINUTES + 1)]
-    index = {m: i for i, m in enumerate(minutes)}
-    rows = {g.pk: i for i, g in enumerate(gpus)}
-    values: list[list[float | None]] = [[None] * len(minutes) for _ in gpus]
-    for gpu_id, minute, util in SampleMinute.objects.filter(
-        gpu_id__in=rows, minute__gte=start
-    ).values_list("gpu_id", "minute", "utilization_avg"):
-        if minute in index:
-            values[rows[gpu_id]][index[minute]] = util
-    # Minutes not rolled up yet: average the raw samples of that minute.
-    raw: dict[tuple[int, datetime], list[float]] = defaultdict(list)
-    for gpu_id, at, util in Sample.objects.filter(gpu_id__in=rows, at__gte=start).values_list(
-        "gpu_id", "at", "utilization_pct"
-    ):
-        raw[(gpu_id, at.replace(second=0, microsecond=0))].append(util)
-    for (gpu_id, minute), utils in raw.items():
-        if minute in index and values[rows[gpu_id]][index[minute]] is None:
-            values[rows[gpu_id]][index[minute]] = sum(utils) / len(utils)
+    by_minute = utilisation_by_minute([g.pk for g in gpus], minutes=minutes)
+    values = [[by_minute.get((g.pk, m)) for m in minutes] for g in gpus]
     fig = gpu_heatmap(gpus=[_gpu_label(g) for g in gpus], minutes=minutes, values=values)
     return figure_html(fig, element_id="gpu-heatmap")
 

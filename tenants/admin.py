@@ -1,13 +1,13 @@
 """Django admin for tenants and the ledger. Balances are never edited here: a credit grant
 goes through the ledger service with a reason, like every other movement of credits."""
 
-from django import forms
 from django.contrib import admin, messages
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 
 from tenants.errors import TenantError
-from tenants.ledger import MILLI, credits, credits_grant
+from tenants.forms import GrantForm
+from tenants.ledger import credits, credits_grant
 from tenants.models import (
     Account,
     Budget,
@@ -31,13 +31,6 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
-
-
-class GrantForm(forms.Form):
-    credits = forms.IntegerField(
-        min_value=1, help_text="Whole credits (1 credit = 1000 milli-credits)."
-    )
-    reason = forms.CharField(max_length=300)
 
 
 class MembershipInline(admin.TabularInline):
@@ -96,12 +89,12 @@ class TenantAdmin(admin.ModelAdmin):
 
     def grant_view(self, request, pk):
         tenant = Tenant.objects.get(pk=pk)
-        form = GrantForm(request.POST or None)
+        form = GrantForm(request.POST or None, tenant=tenant)
         if request.method == "POST" and form.is_valid():
             try:
                 credits_grant(
                     tenant=tenant,
-                    amount=form.cleaned_data["credits"] * MILLI,
+                    amount=form.cleaned_data["amount"],
                     reason=form.cleaned_data["reason"],
                     actor=request.user,
                 )
@@ -109,7 +102,7 @@ class TenantAdmin(admin.ModelAdmin):
                 form.add_error(None, str(exc))
             else:
                 messages.success(
-                    request, f"Granted {form.cleaned_data['credits']} credits to {tenant}."
+                    request, f"Granted {credits(form.cleaned_data['amount'])} credits to {tenant}."
                 )
                 return redirect(reverse("admin:tenants_tenant_change", args=[pk]))
         return render(

@@ -104,9 +104,24 @@ class StaffBudgetForm(BudgetForm):
 
 
 class GrantForm(forms.Form):
+    """A credit grant, on the staff credits page and on a tenant's admin page (where the
+    tenant is given, not chosen)."""
+
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.all())
     amount = CreditsField(label="Amount (credits)")
     reason = forms.CharField(max_length=300, help_text="Recorded in the ledger and the audit log.")
+
+    def __init__(self, *args, tenant: Tenant | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tenant = tenant
+        if tenant is not None:
+            del self.fields["tenant"]
+
+    def clean(self):
+        data = super().clean()
+        if self.tenant is not None:
+            data["tenant"] = self.tenant
+        return data
 
 
 class TenantForm(forms.Form):

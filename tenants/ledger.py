@@ -10,6 +10,7 @@ check constraint is the last line behind that.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -265,24 +266,59 @@ def credits_grant(
     )
 
 
-def credits_hold(**kwargs) -> Transfer:
-    """available -> escrow (a bid's maximum cost)."""
-    return transfer_execute(kind=Transfer.Kind.HOLD, **kwargs)
+class Move(Protocol):
+    """The keyword arguments of every transfer whose route is fixed (hold, release, charge,
+    refund): those of ``transfer_execute`` less ``kind``."""
+
+    def __call__(
+        self,
+        *,
+        tenant: Tenant,
+        amount: int,
+        actor: AbstractBaseUser | None = None,
+        reason: str = "",
+        reference: str = "",
+        campaign: Campaign | None = None,
+        idempotency_key: str | None = None,
+    ) -> Transfer: ...
 
 
-def credits_release(**kwargs) -> Transfer:
-    """escrow -> available (a cancelled or lost bid, or what a winner did not spend)."""
-    return transfer_execute(kind=Transfer.Kind.RELEASE, **kwargs)
+def _move(kind: str, doc: str) -> Move:
+    def move(
+        *,
+        tenant: Tenant,
+        amount: int,
+        actor: AbstractBaseUser | None = None,
+        reason: str = "",
+        reference: str = "",
+        campaign: Campaign | None = None,
+        idempotency_key: str | None = None,
+    ) -> Transfer:
+        return transfer_execute(
+            kind=kind,
+            tenant=tenant,
+            amount=amount,
+            actor=actor,
+            reason=reason,
+            reference=reference,
+            campaign=campaign,
+            idempotency_key=idempotency_key,
+        )
+
+    move.__name__ = move.__qualname__ = f"credits_{kind}"
+    move.__doc__ = doc
+    return move
 
 
-def credits_charge(**kwargs) -> Transfer:
-    """escrow -> revenue (what a winner pays)."""
-    return transfer_execute(kind=Transfer.Kind.CHARGE, **kwargs)
-
-
-def credits_refund(**kwargs) -> Transfer:
-    """revenue -> available (reverses a charge, e.g. a voided round)."""
-    return transfer_execute(kind=Transfer.Kind.REFUND, **kwargs)
+credits_hold = _move(Transfer.Kind.HOLD, "available -> escrow (a bid's maximum cost).")
+credits_release = _move(
+    Transfer.Kind.RELEASE,
+    "escrow -> available (a cancelled or lost bid, or what a winner did not spend).",
+)
+credits_charge = _move(Transfer.Kind.CHARGE, "escrow -> revenue (what a winner pays).")
+credits_refund = _move(
+    Transfer.Kind.REFUND, "revenue -> available (reverses a charge, e.g. a voided round)."
+)
 
 
 # Reads -----------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from django.urls import path
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_http_methods, require_POST
 
-from tenants.api.tokens import MAX_ACTIVE_TOKENS, token_create, token_revoke, tokens_of
 from tenants.errors import TenantError
+from tenants.services import MAX_ACTIVE_TOKENS, token_create, token_revoke, tokens_of
 
 
 class TokenCreateForm(forms.Form):

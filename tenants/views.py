@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from audit.views import staff_required
+from core.auth import staff_required
 from tenants.access import membership_of, require_tenant, scoped
 from tenants.budgets import budget_set, budget_usage, campaign_create
 from tenants.errors import TenantError

@@ -7,9 +7,9 @@ from rest_framework import permissions, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from audit.api.pagination import StrictLimitOffsetPagination, query_filters
 from audit.models import AuditEvent
 from audit.selectors import chain_verify, events_filter
+from core.api import StrictLimitOffsetPagination, query_filters
 
 
 class AuditEventSerializer(serializers.ModelSerializer):

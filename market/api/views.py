@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 
-from django.db.models import Prefetch
 from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
@@ -13,7 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
-from audit.api.pagination import query_filters
+from core.api import query_filters
 from market.api.serializers import (
     AllocationFilterSerializer,
     AllocationSerializer,
@@ -25,7 +24,14 @@ from market.api.serializers import (
     RoundSerializer,
     TierSerializer,
 )
-from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
+from market.models import Allocation, Bid, Round, Tier
+from market.selectors import (
+    allocations_with_tier,
+    bids_with_limits,
+    policy_active_get,
+    round_find,
+    rounds_open,
+)
 from market.services import bid_cancel, bid_edit, bid_place
 from tenants.access import access_object
 from tenants.api.base import Pagination, TenantScopedViewSet
@@ -44,7 +50,7 @@ class TierViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_serializer_context(self):
         context = super().get_serializer_context()
-        context["policy"] = PolicyVersion.objects.filter(status=PolicyVersion.Status.ACTIVE).first()
+        context["policy"] = policy_active_get()
         return context
 
 
@@ -76,12 +82,7 @@ class RoundViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(responses=RoundSerializer(many=True), summary="Rounds open for bids now")
     @action(detail=False, pagination_class=None)
     def open(self, request):
-        rounds = (
-            Round.objects.select_related("policy")
-            .filter(status=Round.Status.OPEN)
-            .order_by("closes_at")
-        )
-        return Response(RoundSerializer(rounds, many=True).data)
+        return Response(RoundSerializer(rounds_open(), many=True).data)
 
 
 SLUG = re.compile(r"^[-a-z0-9_]{1,40}$")
@@ -120,11 +121,7 @@ class BidViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     throttle_scopes = {"bids": {"create", "partial_update", "cancel"}}
 
     def base_queryset(self):
-        return Bid.objects.select_related("author").prefetch_related(
-            Prefetch(
-                "limits", queryset=BidLimit.objects.select_related("tier").order_by("tier__slug")
-            )
-        )
+        return bids_with_limits()
 
     def get_queryset(self):
         qs = super().get_queryset()
@@ -169,7 +166,7 @@ class BidViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         return self._answer(bid, status.HTTP_201_CREATED)
 
     def _round(self, round_id: int) -> Round:
-        rnd = Round.objects.filter(pk=round_id).first()
+        rnd = round_find(round_id=round_id)
         if rnd is None:
             raise Missing(f"There is no round {round_id}.", fields={"round": ["no such round"]})
         return rnd
@@ -224,7 +221,7 @@ class AllocationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
     serializer_class = AllocationSerializer
 
     def base_queryset(self):
-        return Allocation.objects.select_related("tier").order_by("-starts_at", "-id")
+        return allocations_with_tier()
 
     def get_queryset(self):
         qs = super().get_queryset()

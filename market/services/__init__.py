@@ -20,9 +20,10 @@ from market.services.policy import (
 )
 from market.services.round_clearing import round_clear, round_data, solve, tier_price
 from market.services.rounds import next_window, round_close, round_finish, round_open_next
-from market.services.settlement import round_fail, round_settle
+from market.services.settlement import round_settle
 from market.services.tick import TickReport, round_process, rounds_tick
 from market.services.tiers import tier_capacity_set, tier_create, tier_update
+from market.services.void import round_fail, round_void
 
 __all__ = [
     "TickReport",
@@ -47,6 +48,7 @@ __all__ = [
     "round_open_next",
     "round_process",
     "round_settle",
+    "round_void",
     "rounds_tick",
     "solve",
     "tenant_bids_cancel",

@@ -1,5 +1,5 @@
 """Small helpers shared by the market services: money arithmetic, argument checks and round
-notices."""
+notices, and the round and bid locks every service takes the same way."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from market.errors import MarketError
+from market.models import Bid, Round
 from tenants.models import Notification
 
 if TYPE_CHECKING:
-    from market.models import Round
     from tenants.models import Tenant
 
 SECONDS_PER_HOUR = 3600
@@ -89,3 +89,18 @@ def round_notices_send(
         for tenant, message in tenant_messages.items()
     ]
     Notification.objects.bulk_create(notices, ignore_conflicts=True)
+
+
+def round_locked(round_id: int) -> Round:
+    """The round row, locked for the rest of the transaction (its policy read alongside)."""
+    return Round.objects.select_for_update(of=("self",)).select_related("policy").get(pk=round_id)
+
+
+def bids_locked(rnd: Round, *, status: str) -> list[Bid]:
+    """The round's bids in ``status``, locked in pk order, with what the ledger needs."""
+    return list(
+        Bid.objects.select_for_update(of=("self",))
+        .filter(round=rnd, status=status)
+        .select_related("tenant", "campaign")
+        .order_by("pk")
+    )

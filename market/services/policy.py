@@ -10,8 +10,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
 
 import audit.services as audit
+from core.validation import fields_known
 from market.errors import MarketError
 from market.models import PolicyVersion, Tier
+from market.selectors import policy_active_get
 from market.services._common import MAX_PRICE, now_or, whole
 
 Status = PolicyVersion.Status
@@ -30,6 +32,7 @@ POLICY_FIELDS = (
 )
 MAX_ROUND_MINUTES = 7 * 24 * 60
 DEFAULT_ROUND_MINUTES = 60
+POLICY_UNKNOWN = "cannot set {unknown} on a policy version; settable: {known}"
 
 
 def _tier_slugs() -> set[str]:
@@ -57,11 +60,7 @@ def _per_tier(value: Any, *, field: str, minimum: int, maximum: int) -> dict[str
 def policy_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
     """The cleaned changes for a new version; MarketError names the first bad one (forms call
     this in ``clean`` so an admin sees the message next to the form)."""
-    unknown = sorted(set(changes) - set(POLICY_FIELDS))
-    if unknown:
-        raise MarketError(
-            f"cannot set {', '.join(unknown)} on a policy version; settable: {', '.join(POLICY_FIELDS)}"
-        )
+    fields_known(changes, known=POLICY_FIELDS, message=POLICY_UNKNOWN, error=MarketError)
     clean: dict[str, Any] = {}
     for name, value in changes.items():
         if name == "mechanism":
@@ -120,7 +119,7 @@ def _default_create() -> PolicyVersion:
 def policy_active() -> PolicyVersion:
     """The active policy version. On a fresh platform (no version at all) the default v1
     (welfare, 60-minute rounds) is created and activated."""
-    active = PolicyVersion.objects.filter(status=Status.ACTIVE).first()
+    active = policy_active_get()
     if active is not None:
         return active
     if PolicyVersion.objects.exists():

@@ -19,12 +19,13 @@ from django.db import transaction
 
 import audit.services as audit
 from market import clearing
+from market.diagnostics import JAIN, UTILISATION, diagnostic
 from market.errors import MarketError
 from market.models import Bid, BidLimit, PolicyVersion, Round, Tier
 from market.services._common import cost_floor, now_or
 from market.services.bids import window_seconds
 from market.services.rounds import _close_locked
-from market.services.settlement import round_fail
+from market.services.void import round_fail
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -302,10 +303,6 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _first(mapping: dict[str, Any], *keys: str) -> Any:
-    return next((mapping[k] for k in keys if k in mapping), None)
-
-
 def _summary(outcome: Outcome, data: RoundData, policy: PolicyVersion) -> dict[str, Any]:
     allocated = (
         outcome.gpus.sum(axis=0)
@@ -326,8 +323,8 @@ def _summary(outcome: Outcome, data: RoundData, policy: PolicyVersion) -> dict[s
         "gpus_by_tenant": per_tenant,
         "winners": int(np.count_nonzero(outcome.gpus.sum(axis=1))) if outcome.gpus.size else 0,
         "revenue": outcome.revenue(data),
-        "utilisation": _first(outcome.diagnostics, "utilisation", "utilization"),
-        "fairness": _first(outcome.diagnostics, "jain_index", "jain"),
+        "utilisation": diagnostic(outcome.diagnostics, UTILISATION),
+        "fairness": diagnostic(outcome.diagnostics, JAIN),
         "awards": outcome.awards(data),
         "diagnostics": outcome.diagnostics,
     }

@@ -1,36 +1,21 @@
-"""Settlement (the cleared outcome becomes allocations and ledger transfers) and failure
-(every hold released). Each runs in one transaction on a round claimed under its row lock."""
+"""Settlement: the cleared outcome becomes allocations and ledger transfers, in one
+transaction on a round claimed under its row lock (failing a round is in services/void.py)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 import audit.services as audit
 from market.errors import MarketError
 from market.models import Allocation, Bid, BidLimit, Round, Tier
-from market.services._common import cost_floor, now_or, round_notices_send
+from market.services._common import bids_locked, cost_floor, now_or, round_locked
 from market.services.bids import window_seconds
-from tenants.ledger import credits, credits_charge, credits_release
-from tenants.models import Notification
+from tenants.ledger import credits_charge, credits_release
 
 SYSTEM = "system"
-
-
-def _round_locked(round_id: int) -> Round:
-    return Round.objects.select_for_update(of=("self",)).select_related("policy").get(pk=round_id)
-
-
-def _open_bids_locked(rnd: Round) -> list[Bid]:
-    return list(
-        Bid.objects.select_for_update(of=("self",))
-        .filter(round=rnd, status=Bid.Status.OPEN)
-        .select_related("tenant", "campaign")
-        .order_by("pk")
-    )
 
 
 @transaction.atomic
@@ -43,10 +28,10 @@ def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
     The ledger calls carry ``settle:<round>:<bid>:...`` idempotency keys as a second guard.
     """
     now = now_or(now)
-    rnd = _round_locked(round_id)
+    rnd = round_locked(round_id)
     if rnd.status != Round.Status.CLEARED:
         return rnd
-    bids = _open_bids_locked(rnd)
+    bids = bids_locked(rnd, status=Bid.Status.OPEN)
     seconds = window_seconds(rnd)
     limits: dict[tuple[int, str], int] = {
         (bid_id, slug): price
@@ -138,75 +123,6 @@ def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
             "allocations": len(allocations),
             "prices": rnd.prices,
             "tiers": dict(per_tier),
-        },
-    )
-    return rnd
-
-
-@transaction.atomic
-def round_fail(
-    *,
-    round: Round,  # the domain's word, though it shadows the builtin here
-    reason: str,
-    actor: AbstractBaseUser | str | None = SYSTEM,
-) -> Round:
-    """Mark a round that has not settled as failed: every open bid's escrow goes back to
-    available (bid status ``refunded``) and the reason is kept on the round, audited and
-    sent to admins and to each tenant that had a bid in it. Idempotent."""
-    reason = (reason or "").strip()
-    if not reason:
-        raise MarketError("a failed round needs a reason")
-    rnd = _round_locked(round.pk)
-    if rnd.status == Round.Status.FAILED:
-        return rnd
-    if rnd.status not in (Round.Status.OPEN, Round.Status.CLOSED, Round.Status.CLEARED):
-        raise MarketError(
-            f"round {rnd.pk} is {rnd.status}; only a round that has not settled can fail"
-        )
-    bids = _open_bids_locked(rnd)
-    refunded: dict[int, int] = defaultdict(int)
-    for bid in bids:
-        if bid.escrow:
-            credits_release(
-                tenant=bid.tenant,
-                amount=bid.escrow,
-                actor=None,
-                reason=f"round {rnd.pk} failed",
-                reference=f"bid:{bid.pk}",
-                campaign=bid.campaign,
-                idempotency_key=f"fail:{rnd.pk}:{bid.pk}",
-            )
-            refunded[bid.tenant_id] += bid.escrow
-        bid.status, bid.escrow = Bid.Status.REFUNDED, 0
-    Bid.objects.bulk_update(bids, ["status", "escrow"])
-    before = rnd.status
-    rnd.status = Round.Status.FAILED
-    rnd.failure_reason = reason[:500]
-    rnd.save(update_fields=["status", "failure_reason"])
-    tenants = {bid.tenant_id: bid.tenant for bid in bids}
-    round_notices_send(
-        rnd=rnd,
-        kind="round_failed",
-        admin_level=Notification.Level.CRITICAL,
-        admin_message=f"Round {rnd.pk} failed and every bid in it was refunded: {reason}",
-        tenant_messages={
-            tenant: (
-                f"Round {rnd.pk} failed; {credits(refunded[tenant.pk])} credits of escrow were "
-                f"released back to your balance. Reason: {reason}"
-            )
-            for tenant in tenants.values()
-        },
-    )
-    audit.record(
-        actor=actor,
-        action="round.fail",
-        target=rnd,
-        before={"status": before},
-        after={
-            "status": rnd.status,
-            "reason": rnd.failure_reason,
-            "bids_refunded": len(bids),
-            "released": sum(refunded.values()),
         },
     )
     return rnd

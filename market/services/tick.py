@@ -12,9 +12,11 @@ from django.conf import settings
 from market.errors import MarketError
 from market.models import Round
 from market.services._common import now_or
+from market.services.guardrails import guardrails_enforce
 from market.services.round_clearing import round_clear
 from market.services.rounds import round_finish, round_open_next
-from market.services.settlement import round_fail, round_settle
+from market.services.settlement import round_settle
+from market.services.void import round_fail
 from tenants.errors import TenantError
 
 logger = logging.getLogger(__name__)
@@ -23,18 +25,28 @@ DUE_STATUSES = (Round.Status.OPEN, Round.Status.CLOSED, Round.Status.CLEARED)
 
 
 def round_process(*, round_id: int, now: datetime | None = None) -> Round:
-    """Close, clear and settle one due round, each step a transaction that re-checks the
-    round's status under its row lock, so running this twice (or after a crash at any point)
-    settles the round exactly once. A settlement the ledger refuses fails the round, which
-    releases every hold."""
+    """Close, clear and settle one due round, then judge it against its policy's guardrails,
+    each step a transaction that re-checks the round's status under its row lock, so running
+    this twice (or after a crash at any point) settles the round exactly once. A settlement
+    the ledger refuses fails the round, which releases every hold.
+
+    A breach rolls the policy back before the next round clears (and voids this round if the
+    version says so; the round returned is then ``voided``). A guardrail check that raises is
+    logged and leaves the policy as it was: the round stays settled."""
     now = now_or(now)
     rnd = round_clear(round_id=round_id, now=now)
-    if rnd.status == Round.Status.CLEARED:
-        try:
-            rnd = round_settle(round_id=round_id, now=now)
-        except (MarketError, TenantError) as exc:
-            logger.error("round %s could not settle: %s", round_id, exc)
-            rnd = round_fail(round=rnd, reason=f"settlement refused: {exc}")
+    if rnd.status != Round.Status.CLEARED:
+        return rnd
+    try:
+        rnd = round_settle(round_id=round_id, now=now)
+    except (MarketError, TenantError) as exc:
+        logger.error("round %s could not settle: %s", round_id, exc)
+        return round_fail(round=rnd, reason=f"settlement refused: {exc}")
+    try:
+        if guardrails_enforce(round=rnd).voided:
+            rnd.refresh_from_db()
+    except Exception:  # noqa: BLE001 - the round is settled; only the policy check failed
+        logger.exception("round %s: guardrail check failed; the policy was left as it is", round_id)
     return rnd
 
 

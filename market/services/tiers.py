@@ -9,20 +9,18 @@ from django.db import transaction
 from django.utils.text import slugify
 
 import audit.services as audit
+from core.validation import fields_known
 from market.errors import MarketError
 from market.models import Tier
 from market.services._common import MAX_GPUS, whole
 
 TIER_FIELDS = ("name", "gpu_model", "capacity", "maintenance_gpus", "preemptible", "active")
+TIER_UNKNOWN = "cannot set {unknown} on a tier; settable: {known}"
 
 
 def tier_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
     """The cleaned tier fields; MarketError names the first bad one."""
-    unknown = sorted(set(changes) - set(TIER_FIELDS))
-    if unknown:
-        raise MarketError(
-            f"cannot set {', '.join(unknown)} on a tier; settable: {', '.join(TIER_FIELDS)}"
-        )
+    fields_known(changes, known=TIER_FIELDS, message=TIER_UNKNOWN, error=MarketError)
     clean: dict[str, Any] = {}
     for name, value in changes.items():
         if name in ("capacity", "maintenance_gpus"):

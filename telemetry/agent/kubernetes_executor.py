@@ -23,8 +23,8 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from telemetry.agent.directives import targets_for
 from telemetry.agent.errors import ExecutorUnavailable
-from telemetry.agent.executors import targets_for
 from telemetry.agent.protocol import Directive, DirectiveResult, ObservedProcess
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from telemetry.agent.kubernetes_executor import api_client_from_environment
-from telemetry.agent.mapping import (
+from telemetry.agent.lookup import (
     FAILED_TTL_SECONDS,
     FOUND_TTL_SECONDS,
     Lookup,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from telemetry.agent.backends import Backend
-from telemetry.agent.executors import Executor
+from telemetry.agent.directives import Executor
 from telemetry.agent.protocol import (
     Batch,
     Directive,

@@ -102,7 +102,7 @@ class NvmlBackend:
 
     def _sample_one(self, gpu: GpuInfo, handle: Any) -> GpuSample:
         now = self._clock()
-        utilization = pynvml.nvmlDeviceGetUtilizationRates(handle)
+        utilisation = pynvml.nvmlDeviceGetUtilizationRates(handle)
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
         temperature = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
         power_w = self._power_w(gpu, handle)
@@ -111,7 +111,7 @@ class NvmlBackend:
         return GpuSample(
             gpu=gpu.uuid,
             at=self._wall(),
-            utilization_pct=min(max(int(utilization.gpu), 0), 100),
+            utilization_pct=min(max(int(utilisation.gpu), 0), 100),
             memory_used_mib=int(memory.used // MIB),
             memory_total_mib=int(memory.total // MIB),
             power_w=power_w,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from telemetry.agent.executors import outcome_combine, targets_for
+from telemetry.agent.directives import outcome_combine, targets_for
 from telemetry.agent.procmap import PROC, pids_list, stat_read
 from telemetry.agent.protocol import Directive, DirectiveResult, ObservedProcess
 

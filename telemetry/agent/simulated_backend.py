@@ -170,7 +170,7 @@ class SimulatedBackend:
         for info in self._tagged_processes():
             index = int(info.environ[SIM_GPU_ENV])
             key = (info.pid, info.start_ticks)
-            utilization = self._utilization_pct(info, previous=self._cpu_seen.get(key), now=now)
+            utilisation = self._utilisation_pct(info, previous=self._cpu_seen.get(key), now=now)
             cpu_seen[key] = (info.cpu_seconds, now)
             process = ProcessSample(
                 pid=info.pid,
@@ -180,7 +180,7 @@ class SimulatedBackend:
                 pod=info.pod,
                 state=info.state,
             )
-            per_gpu[index].append((process, utilization))
+            per_gpu[index].append((process, utilisation))
         self._cpu_seen = cpu_seen
         return tuple(
             self._gpu_sample(gpu, per_gpu[gpu.index], at=at, now=now) for gpu in self._gpus
@@ -205,7 +205,7 @@ class SimulatedBackend:
             found.append(self._mapper.apply(info))
         return found
 
-    def _utilization_pct(
+    def _utilisation_pct(
         self, info: ProcessInfo, *, previous: tuple[float, float] | None, now: float
     ) -> float:
         """Percent of one CPU used since the previous sample (lifetime average when new)."""
@@ -230,19 +230,19 @@ class SimulatedBackend:
         at: datetime,
         now: float,
     ) -> GpuSample:
-        utilization = round(min(sum(share for _, share in processes), 100.0))
+        utilisation = round(min(sum(share for _, share in processes), 100.0))
         # A simple linear power model and a temperature that follows it: enough for the
         # charts to move with the work, and obviously not a measurement.
-        power_w = self._idle_power_w + (self._max_power_w - self._idle_power_w) * utilization / 100
+        power_w = self._idle_power_w + (self._max_power_w - self._idle_power_w) * utilisation / 100
         memory_used = sum(process.memory_mib for process, _ in processes)
         return GpuSample(
             gpu=gpu.uuid,
             at=at,
-            utilization_pct=utilization,
+            utilization_pct=utilisation,
             memory_used_mib=min(memory_used, self._memory_total_mib),
             memory_total_mib=self._memory_total_mib,
             power_w=round(power_w, 1),
-            temperature_c=round(32.0 + 0.5 * utilization, 1),
+            temperature_c=round(32.0 + 0.5 * utilisation, 1),
             energy_j=round(self._meters[gpu.uuid].add(power_w=power_w, at_monotonic=now), 3),
             processes=tuple(process for process, _ in processes),
         )

@@ -13,8 +13,8 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 
+from telemetry.agent.directives import outcome_combine, targets_for
 from telemetry.agent.errors import ExecutorUnavailable
-from telemetry.agent.executors import outcome_combine, targets_for
 from telemetry.agent.protocol import Directive, DirectiveResult, ObservedProcess
 
 logger = logging.getLogger(__name__)

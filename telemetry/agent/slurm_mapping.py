@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from telemetry.agent.errors import MappingUnavailable
-from telemetry.agent.mapping import (
+from telemetry.agent.lookup import (
     FAILED_TTL_SECONDS,
     FOUND_TTL_SECONDS,
     Lookup,

@@ -2,11 +2,11 @@
 
 ``nodes`` registers nodes, checks and revokes their tokens and keeps tier capacity in step
 with their GPUs; ``ingest`` stores agents' batches; ``upkeep`` holds the periodic node health
-check and the sample rollup. The enforcement loop lives in telemetry/enforcement.py and is
-re-exported here (``enforce``).
+check and the sample rollup; ``enforcement`` is the enforcement loop (``enforce``), which
+asks ``verdicts`` what each observed process may do.
 """
 
-from telemetry.enforcement import EnforceReport, enforce
+from telemetry.services.enforcement import EnforceReport, enforce
 from telemetry.services.ingest import IngestResult, samples_ingest
 from telemetry.services.nodes import (
     gpu_maintenance_set,

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 from collections.abc import Iterable
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -13,17 +10,13 @@ from django.db.models import Count
 from django.utils import timezone
 
 import audit.services as audit
+from core.tokens import token_matches, token_mint, token_prefix
 from market.models import Tier
 from market.services import tier_capacity_set
 from telemetry.errors import TelemetryError
 from telemetry.models import Gpu, Node
 
 TOKEN_SCHEME = "gmn_"
-_PREFIX_LENGTH = 12  # hex characters
-
-
-def _token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -44,18 +37,17 @@ def node_register(
         raise TelemetryError("a node needs a name of 1 to 120 characters")
     if Node.objects.filter(name=name).exists():
         raise TelemetryError(f"a node named {name!r} is already registered; pick another name")
-    prefix = secrets.token_hex(_PREFIX_LENGTH // 2)
-    token = f"{TOKEN_SCHEME}{prefix}_{secrets.token_urlsafe(32)}"
+    minted = token_mint(scheme=TOKEN_SCHEME)
     node = Node.objects.create(
-        name=name, tier=tier, token_prefix=prefix, token_hash=_token_hash(token)
+        name=name, tier=tier, token_prefix=minted.prefix, token_hash=minted.hash
     )
     audit.record(
         actor=actor,
         action="node.register",
         target=node,
-        after={"name": name, "tier": tier.slug, "token_prefix": prefix},
+        after={"name": name, "tier": tier.slug, "token_prefix": minted.prefix},
     )
-    return node, token
+    return node, minted.secret
 
 
 @transaction.atomic
@@ -85,14 +77,9 @@ def node_authenticate(*, authorization: str) -> Node:
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise _unauthorised("send the node token as 'Authorization: Bearer <token>'")
-    prefix = token[len(TOKEN_SCHEME) : len(TOKEN_SCHEME) + _PREFIX_LENGTH]
-    node = None
-    if token.startswith(TOKEN_SCHEME) and len(prefix) == _PREFIX_LENGTH:
-        node = Node.objects.filter(token_prefix=prefix).first()
-    # Compare even when no node matched, so timing does not tell a wrong prefix from a
-    # wrong secret.
-    expected = node.token_hash if node is not None else "0" * 64
-    if not hmac.compare_digest(expected, _token_hash(token)) or node is None:
+    prefix = token_prefix(token, scheme=TOKEN_SCHEME)
+    node = Node.objects.filter(token_prefix=prefix).first() if prefix is not None else None
+    if not token_matches(token, node.token_hash if node is not None else None):
         raise _unauthorised("the node token is not valid")
     if node.revoked_at is not None:
         raise _unauthorised(

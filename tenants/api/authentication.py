@@ -6,7 +6,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 
-from tenants.api.tokens import token_authenticate
+from tenants.services.tokens import token_authenticate
 
 
 class ApiTokenAuthentication(BaseAuthentication):

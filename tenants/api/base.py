@@ -8,7 +8,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
-from audit.api.pagination import StrictLimitOffsetPagination
+from core.api import StrictLimitOffsetPagination
 from tenants.access import access_object, membership_of, scoped
 from tenants.models import ApiToken, Tenant
 

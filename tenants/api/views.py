@@ -9,7 +9,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audit.api.pagination import query_filters
+from core.api import query_filters
 from tenants.access import membership_of, require_tenant
 from tenants.api.base import IsTenantMember, TenantScopedViewSet
 from tenants.api.errors import error_response

@@ -94,8 +94,8 @@ def test_pace_helper_polls_at_most_once_per_interval_and_survives_outages(live_w
 
 
 def test_revoked_token_stops_the_client_at_once(live_world, live_server):
-    from tenants.api.tokens import token_revoke
     from tenants.models import ApiToken
+    from tenants.services.tokens import token_revoke
 
     world = live_world
     client = Client(live_server.url, world.a.token)

@@ -10,10 +10,10 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
 from market.models import Bid
-from tenants.api.tokens import token_create
 from tenants.budgets import budget_set
 from tenants.ledger import balance_get
 from tenants.models import Budget, Transfer
+from tenants.services.tokens import token_create
 from tests.api.world import CREDITS, RESERVE, TIER
 
 pytestmark = pytest.mark.django_db

@@ -10,9 +10,9 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
-from tenants.api.tokens import MAX_ACTIVE_TOKENS, token_create, token_revoke
 from tenants.errors import TenantError
 from tenants.models import ApiToken
+from tenants.services.tokens import MAX_ACTIVE_TOKENS, token_create, token_revoke
 from tests import factories
 
 pytestmark = pytest.mark.django_db

@@ -25,12 +25,12 @@ from market.services import (
     round_process,
     tier_create,
 )
-from telemetry.enforcement import enforce
 from telemetry.models import EnforcementAction, Node
 from telemetry.services import node_register, samples_ingest
-from tenants.api.tokens import token_create
+from telemetry.services.enforcement import enforce
 from tenants.budgets import budget_alerts_raise, budget_set, campaign_create
 from tenants.models import Budget, Campaign, Notification, Tenant, Transfer
+from tenants.services.tokens import token_create
 from tests import factories
 
 TIER = "a100"

@@ -19,7 +19,7 @@ from market.services import (
     round_finish,
     rounds_tick,
 )
-from market.void import round_void
+from market.services.void import round_void
 from tests.market.marketkit import T0
 
 pytestmark = pytest.mark.django_db

@@ -2,28 +2,30 @@
 with an audit event and an admin notification, and the next round clears under it.
 
 Rounds are driven through the real services with a fixed clock (tests/market/marketkit.py):
-bids placed in the open round, then one tick of the market (which clears, settles and opens
-the next round) and the guardrail hook the market task runs after it.
+bids placed in the open round, then one tick of the market (which clears, settles, judges the
+round against its guardrails and opens the next round).
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from io import StringIO
 
 import pytest
 
 from audit.models import AuditEvent
 from market import tasks
 from market.errors import MarketError
-from market.guardrails import (
-    Breach,
-    guardrails_after_settlement,
-    guardrails_check,
-    guardrails_validate,
-    policy_rollback,
-)
 from market.models import PolicyVersion, Round
-from market.services import bid_place, policy_activate, policy_version_create, rounds_tick
+from market.policy.guardrails import Breach, guardrails_check, guardrails_validate
+from market.services import (
+    bid_place,
+    policy_activate,
+    policy_version_create,
+    round_open_next,
+    rounds_tick,
+)
+from market.services.guardrails import policy_rollback
 from tenants.ledger import ledger_verify
 from tenants.models import Notification
 from tests import factories
@@ -61,10 +63,7 @@ class Clock:
             monkeypatch.setattr(tasks, "rounds_tick", lambda: rounds_tick(now=now))
             tasks.rounds_tick_task()
         else:
-            report = rounds_tick(now=now)
-            guardrails_after_settlement(
-                round_ids=[pk for pk, s in report.processed.items() if s == "settled"]
-            )
+            rounds_tick(now=now)
         self.open = Round.objects.get(status=Round.Status.OPEN)
         return Round.objects.select_related("policy").get(pk=settled_id)
 
@@ -299,3 +298,27 @@ def test_guardrails_validate_cleans():
         "price_max_multiple": 3.0,
         "price_window_rounds": 12,
     }
+
+
+def test_clear_round_command_runs_the_guardrails(teams):
+    """``gpumarket clear-round`` settles like the tick does, guardrails included: a breaching
+    round is rolled back by the command itself, not left for a later task."""
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    # Every time is hours in the past, so the wall clock the command reads has closed bidding.
+    market = market_make(now=timezone.now() - timedelta(hours=3))
+    market.round.delete()  # opened under v1; the round below opens under the guarded v2
+    v2 = candidate(market, guardrails={"spend_max_per_window": 1})
+    clock = Clock(market, teams)
+    clock.open = market.round = round_open_next(now=timezone.now() - timedelta(hours=3))
+    assert clock.open.policy_id == v2.pk and clock.open.closes_at < timezone.now()
+    clock.bid(0, 2, {"a100": 5_000})
+
+    call_command("clear_round", str(clock.open.pk), stdout=StringIO())
+
+    assert Round.objects.get(pk=clock.open.pk).status == Round.Status.SETTLED
+    restored = PolicyVersion.objects.get(status=Status.ACTIVE)
+    assert restored.parent_id == v2.pk and restored.guardrails == market.policy.guardrails
+    (breach,) = AuditEvent.objects.get(action="policy.rollback").after["breaches"]
+    assert breach["rule"] == "spend_max_per_window"

@@ -234,3 +234,16 @@ def test_void_of_an_open_round_is_refused_on_the_form(market, staff):
     )
     assert response.status_code == 200
     assert "only a settled or finished round can be voided" in response.content.decode()
+
+
+def test_list_on_a_fresh_platform_writes_nothing(db):
+    """A GET never writes: the default version is made when the first round opens, not when
+    an admin looks at the policy page."""
+    client = Client()
+    client.force_login(factories.admin_user())
+    events = AuditEvent.objects.count()
+    response = client.get("/market/policy/")
+    assert response.status_code == 200
+    assert "No versions yet." in response.content.decode()
+    assert not PolicyVersion.objects.exists()
+    assert AuditEvent.objects.count() == events

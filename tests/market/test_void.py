@@ -13,10 +13,10 @@ from audit.models import AuditEvent
 from market.errors import MarketError
 from market.models import Allocation, Bid, Round
 from market.services import bid_place, rounds_tick
-from market.void import round_void
-from telemetry.enforcement import enforce
+from market.services.void import round_void
 from telemetry.models import EnforcementAction
 from telemetry.services import node_register, samples_ingest
+from telemetry.services.enforcement import enforce
 from tenants.ledger import balance_get, ledger_verify
 from tenants.models import Notification, Transfer
 from tests import factories

@@ -201,3 +201,16 @@ def test_every_form_carries_a_csrf_token(client, lab):
     for name in ("team_members", "team_campaigns"):
         body = client.get(reverse(name)).content.decode()
         assert body.count("<form") == body.count("csrfmiddlewaretoken")
+
+
+def test_admin_grant_page_uses_the_staff_grant_form(client, lab):
+    """The tenant's admin page grants through the same form as the staff credits page: credits
+    with decimals, a required reason, the tenant given by the page."""
+    tenant, _, _ = lab
+    client.force_login(factories.admin_user())
+    url = reverse("admin:tenants_tenant_grant", args=[tenant.pk])
+    assert client.post(url, {"amount": "3", "reason": ""}).status_code == 200  # form errors
+    assert balance_get(tenant=tenant).available == 100_000
+    response = client.post(url, {"amount": "2.5", "reason": "pilot"})
+    assert response.status_code == 302
+    assert balance_get(tenant=tenant).available == 102_500

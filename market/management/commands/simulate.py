@@ -173,7 +173,7 @@ class Command(BaseCommand):
 
     def _from_rounds(self, options: dict[str, Any]) -> None:
         from market.models import PolicyVersion
-        from market.policy_selectors import rounds_replay
+        from market.policy.replay import rounds_replay
         from market.services.policy import policy_active
 
         last = options["from_rounds"]

@@ -11,8 +11,9 @@ import pytest
 from telemetry.agent import main
 from telemetry.agent.errors import MappingUnavailable
 from telemetry.agent.kubernetes_mapping import KubernetesAllocations
+from telemetry.agent.lookup import Lookup, LookupCache
 from telemetry.agent.loop import AgentLoop, Backoff
-from telemetry.agent.mapping import AllocationMapper, Lookup, LookupCache, mapper_build
+from telemetry.agent.mapping import AllocationMapper, mapper_build
 from telemetry.agent.procmap import process_describe
 from telemetry.agent.signal_executor import SignalExecutor
 from telemetry.agent.simulated_backend import SimulatedBackend, spawn_simulated_work

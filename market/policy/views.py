@@ -13,21 +13,22 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from audit.views import staff_required
-from market import policy_charts
+from core.auth import staff_required
 from market.errors import MarketError
-from market.guardrails import GUARDRAIL_FIELDS
 from market.models import PolicyVersion, Round, Tier
-from market.policy_forms import PolicyVersionForm, ReplayForm, VoidForm
-from market.policy_selectors import rounds_replay, shadow_comparison, versions_list
+from market.policy import charts as policy_charts
+from market.policy.forms import PolicyVersionForm, ReplayForm, VoidForm
+from market.policy.guardrails import GUARDRAIL_FIELDS
+from market.policy.replay import rounds_replay
+from market.policy.selectors import policy_alerts, shadow_comparison, versions_list
+from market.selectors import rounds_recent
 from market.services.policy import (
     policy_activate,
     policy_active,
     policy_shadow_set,
     policy_version_create,
 )
-from market.void import round_void
-from tenants.models import Notification
+from market.services.void import round_void
 
 
 def _version(number: int) -> PolicyVersion:
@@ -40,15 +41,10 @@ def _tiers() -> list[Tier]:
 
 @staff_required
 def policy_list(request: HttpRequest) -> HttpResponse:
-    policy_active()  # a fresh platform gets its default version here, as everywhere
-    alerts = Notification.objects.filter(
-        tenant=None, kind__in=["policy_guardrail", "round_voided"]
-    )[:10]
-    rounds = Round.objects.select_related("policy").order_by("-starts_at")[:20]
     return render(
         request,
         "market/policy/list.html",
-        {"versions": versions_list(), "alerts": alerts, "rounds": rounds},
+        {"versions": versions_list(), "alerts": policy_alerts(), "rounds": rounds_recent()},
     )
 
 

@@ -3,8 +3,8 @@
 Both refuse malformed values instead of ignoring them.
 
 DRF's LimitOffsetPagination falls back to its defaults on ``?limit=0.5`` or ``?offset=-3``;
-a client that sent them has a bug it should hear about. This module lives in audit, the
-lowest app, so every app's API can use it.
+a client that sent them has a bug it should hear about. This module lives in core, below
+every app, so every app's API can use it.
 """
 
 from __future__ import annotations

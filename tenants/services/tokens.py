@@ -1,15 +1,11 @@
 """Personal API tokens: issue, revoke, authenticate.
 
-A token reads ``gm_<prefix>_<secret>``. The prefix (12 hex characters) is public: it finds
-the row and is shown in the token list so a user can tell tokens apart. The whole string is
-hashed with SHA-256 and only the hash is stored, so a database leak does not leak tokens.
+A token reads ``gm_<prefix>_<secret>``, minted and hashed by ``core.tokens`` like node tokens:
+the prefix finds the row and is shown in the token list, only the hash is stored.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -20,6 +16,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 import audit.services as audit
+from core.tokens import token_matches, token_mint, token_prefix
 from tenants.access import tenant_of
 from tenants.errors import TenantError
 from tenants.models import ApiToken
@@ -35,10 +32,6 @@ LAST_USED_RESOLUTION = timedelta(seconds=60)
 class IssuedToken:
     token: ApiToken
     secret: str  # the full "gm_..." string; exists only in this object, never stored
-
-
-def token_hash(raw: str) -> str:
-    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
 
 
 def tokens_of(*, user: AbstractBaseUser) -> QuerySet[ApiToken]:
@@ -63,19 +56,18 @@ def token_create(*, user: AbstractBaseUser, name: str) -> IssuedToken:
             f"you already have {active} active tokens (the limit is {MAX_ACTIVE_TOKENS}); "
             "revoke one you no longer use"
         )
-    prefix = secrets.token_hex(6)
-    raw = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    minted = token_mint(scheme=TOKEN_PREFIX)
     token = ApiToken.objects.create(
-        user=user, name=name, prefix=prefix, secret_hash=token_hash(raw)
+        user=user, name=name, prefix=minted.prefix, secret_hash=minted.hash
     )
     audit.record(
         actor=user,
         action="apitoken.create",
         target=token,
         tenant=tenant_of(user),
-        after={"name": name, "prefix": prefix},
+        after={"name": name, "prefix": minted.prefix},
     )
-    return IssuedToken(token=token, secret=raw)
+    return IssuedToken(token=token, secret=minted.secret)
 
 
 @transaction.atomic
@@ -108,17 +100,15 @@ def token_revoke(*, user: AbstractBaseUser, token_id: int) -> ApiToken:
 
 def token_authenticate(*, raw: str) -> ApiToken | None:
     """The active token ``raw`` stands for, or None. Checks the hash in constant time."""
-    if not raw.startswith(TOKEN_PREFIX):
-        return None
-    parts = raw[len(TOKEN_PREFIX) :].split("_", 1)
-    if len(parts) != 2 or not parts[0] or not parts[1]:
+    prefix = token_prefix(raw, scheme=TOKEN_PREFIX)
+    if prefix is None:
         return None
     token = (
         ApiToken.objects.select_related("user", "user__membership__tenant")
-        .filter(prefix=parts[0], revoked_at__isnull=True)
+        .filter(prefix=prefix, revoked_at__isnull=True)
         .first()
     )
-    if token is None or not hmac.compare_digest(token.secret_hash, token_hash(raw)):
+    if token is None or not token_matches(raw, token.secret_hash):
         return None
     now = timezone.now()
     if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:

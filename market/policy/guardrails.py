@@ -1,4 +1,6 @@
-"""Guardrails on the active policy version, and the automatic rollback they trigger.
+"""Guardrails on the active policy version: the limits an admin may set and the checks of a
+settled round against them. Reads only; the rollback a breach triggers is the service
+``market.services.guardrails.guardrails_enforce``.
 
 An admin sets limits in ``PolicyVersion.guardrails`` (all optional):
 
@@ -11,37 +13,22 @@ An admin sets limits in ``PolicyVersion.guardrails`` (all optional):
 ``spend_max_per_window``    platform revenue (milli-credits) over the trailing
                             ``spend_window_hours`` (default 24) must be at most this
 ``void_on_breach``          true: a breaching round is also voided (charges refunded)
-
-After each settlement ``guardrails_enforce`` checks the round against the limits of the
-version it cleared under; a breach creates a new version with the content of the version
-that was active before (history stays linear: the new version's parent is the one rolled
-back), activates it, moves rounds not yet cleared onto it, notifies admins and audits the
-numbers that triggered it.
 """
 
 from __future__ import annotations
 
-import logging
 import statistics
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
 from django.db.models import Sum
 
-import audit.services as audit
-from audit.models import AuditEvent
+from core.validation import fields_known
+from market.diagnostics import JAIN, diagnostic
 from market.errors import MarketError
-from market.models import Allocation, Bid, PolicyVersion, Round
-from market.services.policy import POLICY_FIELDS, policy_activate, policy_version_create
-from market.void import round_void
-from tenants.models import Notification
+from market.models import Allocation, Bid, Round
 
-logger = logging.getLogger(__name__)
-
-GUARDRAIL = "guardrail"
 SETTLED = (Round.Status.SETTLED, Round.Status.FINISHED)
 DEFAULTS: dict[str, Any] = {
     "price_window_rounds": 24,
@@ -59,6 +46,7 @@ GUARDRAIL_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
     "spend_window_hours": (int, 1, 24 * 366),
     "void_on_breach": (bool, None, None),
 }
+GUARDRAIL_UNKNOWN = "unknown guardrail(s) {unknown}; known: {known}"
 
 
 @dataclass(frozen=True)
@@ -84,11 +72,7 @@ def guardrails_validate(value: Any) -> dict[str, Any]:
         return {}
     if not isinstance(value, dict):
         raise MarketError(f"guardrails must be a mapping of limit name to value, got {value!r}")
-    unknown = sorted(set(value) - set(GUARDRAIL_FIELDS))
-    if unknown:
-        raise MarketError(
-            f"unknown guardrail(s) {', '.join(unknown)}; known: {', '.join(GUARDRAIL_FIELDS)}"
-        )
+    fields_known(value, known=GUARDRAIL_FIELDS, message=GUARDRAIL_UNKNOWN, error=MarketError)
     clean: dict[str, Any] = {}
     for name, raw in value.items():
         if raw is None:
@@ -201,8 +185,7 @@ def _utilisation_breach(rnd: Round, limits: dict[str, Any]) -> list[Breach]:
 
 def _jain_breach(rnd: Round, limits: dict[str, Any]) -> list[Breach]:
     floor = limits.get("jain_min")
-    diagnostics = rnd.diagnostics or {}
-    value = diagnostics.get("jain", diagnostics.get("jain_index"))
+    value = diagnostic(rnd.diagnostics, JAIN)
     if floor is None or value is None or float(value) >= floor:
         return []
     return [
@@ -263,164 +246,3 @@ def guardrails_check(*, round: Round) -> list[Breach]:  # noqa: A002 - the domai
         *_jain_breach(rnd, limits),
         *_spend_breach(rnd, limits),
     ]
-
-
-def _is_rollback(version: PolicyVersion) -> bool:
-    return AuditEvent.objects.filter(
-        action="policy.rollback", object_type="market.policyversion", object_id=str(version.pk)
-    ).exists()
-
-
-def _previous_active(version: PolicyVersion) -> PolicyVersion | None:
-    """The version that was active before ``version`` was activated."""
-    if version.activated_at is None:
-        return None
-    return (
-        PolicyVersion.objects.filter(activated_at__lt=version.activated_at)
-        .exclude(pk=version.pk)
-        .order_by("-activated_at", "-pk")
-        .first()
-    )
-
-
-def _notify_admins(*, message: str, key: str, level: str = Notification.Level.CRITICAL) -> None:
-    Notification.objects.bulk_create(
-        [
-            Notification(
-                tenant=None,
-                level=level,
-                kind="policy_guardrail",
-                message=message[:500],
-                dedupe_key=key,
-            )
-        ],
-        ignore_conflicts=True,
-    )
-
-
-@transaction.atomic
-def policy_rollback(
-    *, breaches: list[Breach], actor: AbstractBaseUser | str | None = GUARDRAIL
-) -> PolicyVersion | None:
-    """Roll the active version back to the one active before it, because of ``breaches``.
-
-    Returns the new active version, or None when nothing was rolled back: the breaches are
-    about a version that is no longer active (someone already acted), or there is nothing to
-    go back to. A version that is itself a rollback is not rolled back again (that would
-    return to the version that just breached); its breach is reported to admins instead.
-    """
-    if not breaches:
-        raise MarketError("a rollback needs at least one breach to say why")
-    policy_ids = {b.policy_id for b in breaches}
-    if len(policy_ids) != 1:
-        raise MarketError("breaches of different policy versions cannot be rolled back together")
-    active = (
-        PolicyVersion.objects.select_for_update().filter(status=PolicyVersion.Status.ACTIVE).first()
-    )
-    if active is None or active.pk != policy_ids.pop():
-        return None
-    summary = "; ".join(b.message for b in breaches)
-    round_ids = sorted({b.round_id for b in breaches})
-    previous = _previous_active(active)
-    if previous is None or _is_rollback(active):
-        why = (
-            "it is itself a rollback"
-            if previous is not None
-            else "no earlier version was ever active"
-        )
-        _notify_admins(
-            message=f"Guardrail breached by v{active.number} in round {round_ids[0]}, not rolled back ({why}): {summary}",
-            key=f"guardrail-breach:{active.pk}:{round_ids[0]}",
-        )
-        audit.record(
-            actor=actor,
-            action="policy.guardrail_breach",
-            target=active,
-            after={"rolled_back": False, "why": why, "breaches": [b.as_json() for b in breaches]},
-        )
-        return None
-
-    content = {name: getattr(previous, name) for name in POLICY_FIELDS if name != "note"}
-    restored = policy_version_create(
-        actor=actor,
-        based_on=active,
-        note=f"automatic rollback of v{active.number} to the settings of v{previous.number}: {summary}"[
-            :300
-        ],
-        **content,
-    )
-    policy_activate(version=restored, actor=actor)
-    # Rounds opened under the breaching version but not yet cleared clear under the restored
-    # one: their bids are the same whichever version clears them.
-    moved = list(
-        Round.objects.select_for_update()
-        .filter(policy=active, status__in=[Round.Status.OPEN, Round.Status.CLOSED])
-        .order_by("pk")
-        .values_list("pk", flat=True)
-    )
-    Round.objects.filter(pk__in=moved).update(policy=restored)
-    _notify_admins(
-        message=(
-            f"Policy v{active.number} was rolled back automatically to the settings of "
-            f"v{previous.number} (now v{restored.number}) after round {round_ids[0]}: {summary}"
-        ),
-        key=f"policy-rollback:{active.pk}",
-    )
-    audit.record(
-        actor=actor,
-        action="policy.rollback",
-        target=restored,
-        before={"active": active.number, "mechanism": active.mechanism},
-        after={
-            "active": restored.number,
-            "restored_from": previous.number,
-            "rounds": round_ids,
-            "rounds_moved": moved,
-            "breaches": [b.as_json() for b in breaches],
-        },
-    )
-    return restored
-
-
-@dataclass(frozen=True)
-class GuardrailOutcome:
-    breaches: list[Breach]
-    restored: PolicyVersion | None
-    voided: bool
-
-
-@transaction.atomic
-def guardrails_enforce(*, round: Round) -> GuardrailOutcome:  # noqa: A002
-    """Check a settled round and act on any breach: roll back, and void the round if the
-    version says so. One transaction, so a failure leaves the policy as it was."""
-    breaches = guardrails_check(round=round)
-    if not breaches:
-        return GuardrailOutcome(breaches=[], restored=None, voided=False)
-    rnd = Round.objects.select_related("policy").get(pk=round.pk)
-    restored = policy_rollback(breaches=breaches, actor=GUARDRAIL)
-    voided = False
-    if (rnd.policy.guardrails or {}).get("void_on_breach"):
-        round_void(
-            round=rnd,
-            actor=GUARDRAIL,
-            reason="guardrail breach: " + "; ".join(b.message for b in breaches),
-        )
-        voided = True
-    return GuardrailOutcome(breaches=breaches, restored=restored, voided=voided)
-
-
-def guardrails_after_settlement(*, round_ids: list[int]) -> dict[int, GuardrailOutcome]:
-    """Run ``guardrails_enforce`` on each newly settled round (for the market tasks).
-
-    One round's failure is logged and does not stop the others; the policy stays as it was
-    for that round (its transaction rolled back) and the admins are told by the log.
-    """
-    outcomes: dict[int, GuardrailOutcome] = {}
-    for round_id in sorted(round_ids):
-        try:
-            outcomes[round_id] = guardrails_enforce(round=Round(pk=round_id))
-        except Exception:  # noqa: BLE001 - isolate one round, as the tick does
-            logger.exception(
-                "round %s: guardrail check failed; the policy was left as it is", round_id
-            )
-    return outcomes

@@ -48,6 +48,7 @@ from market.services import (
     tenant_bids_cancel,
 )
 from telemetry.models import EnforcementAction, Node, ProcessObservation
+from telemetry.services.verdicts import Verdict, cap_reason, decide, verdicts
 from tenants.budgets import budget_alerts_raise, tenant_hard_capped
 from tenants.ledger import credits
 from tenants.models import Budget, Tenant
@@ -57,24 +58,9 @@ logger = logging.getLogger(__name__)
 Action = EnforcementAction.Action
 State = EnforcementAction.State
 
-RUN = "run"
-STOPPED = ProcessObservation.State.STOPPED
-RUNNING = ProcessObservation.State.RUNNING
-TERMINATING = "terminating"
-
 # Any fixed 64-bit key: only one enforcement pass at a time (two would issue twice).
 _ENFORCE_LOCK_KEY = 7_412_002
-_EFFECT = {Action.PAUSE: STOPPED, Action.RESUME: RUNNING, Action.TERMINATE: TERMINATING}
-_ENDED = (Allocation.Status.FINISHED, Allocation.Status.PREEMPTED, Allocation.Status.REVOKED)
 _ENFORCER = "enforcer"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    want: str  # RUN, Action.PAUSE or Action.TERMINATE
-    reason: str
-    allocation: Allocation | None = None
-    tenant: Tenant | None = None
 
 
 @dataclass
@@ -155,19 +141,19 @@ def directives_issue(*, now: datetime, capped: dict[int, Budget]) -> EnforceRepo
     if not observations:
         return report
     latest = _latest_actions(observations)
-    verdicts = _verdicts(observations=observations, latest=latest, capped=capped, now=now)
+    wanted = verdicts(observations=observations, latest=latest, capped=capped, now=now)
     retry_after = timedelta(seconds=settings.GPUMARKET_ENFORCE_RETRY_SECONDS)
     for observation in observations:
-        verdict = verdicts[observation.pk]
+        verdict = wanted[observation.pk]
         last = latest.get((observation.gpu_id, observation.pid))
-        action = _decide(
+        action = decide(
             want=verdict.want, observation=observation, last=last, now=now, retry_after=retry_after
         )
         if action is not None:
             report.issued.append(
                 _issue(observation=observation, verdict=verdict, action=action, now=now)
             )
-    _allocations_preempt(report=report, verdicts=verdicts.values(), now=now)
+    _allocations_preempt(report=report, verdicts=wanted.values(), now=now)
     return report
 
 
@@ -188,7 +174,7 @@ def _allocations_follow_caps(
         report.allocations_paused += _status_move(
             allocations_pause,
             ids=ids,
-            reason=_cap_reason(tenant, capped[tenant.pk]),
+            reason=cap_reason(tenant, capped[tenant.pk]),
             now=now,
         )
     paused = running.filter(status=Allocation.Status.PAUSED).exclude(tenant_id__in=capped)
@@ -272,187 +258,6 @@ def _latest_actions(
         .values_list("last", flat=True)
     )
     return {(a.gpu_id, a.pid): a for a in EnforcementAction.objects.filter(pk__in=list(last_ids))}
-
-
-def expected_state(observation: ProcessObservation, last: EnforcementAction | None) -> str:
-    """What the process is, or will be once the directive last sent about it is carried out.
-
-    An outcome and the first sample taken after it arrive in the same batch, so an
-    observation received no earlier than the outcome already shows its effect.
-    """
-    if last is None:
-        return observation.state
-    if last.pending or (
-        last.state == State.ACKNOWLEDGED and observation.seen_at < last.acknowledged_at
-    ):
-        return _EFFECT[last.action]
-    if last.action == Action.TERMINATE and last.state == State.ACKNOWLEDGED:
-        return TERMINATING
-    return observation.state
-
-
-def _decide(
-    *,
-    want: str,
-    observation: ProcessObservation,
-    last: EnforcementAction | None,
-    now: datetime,
-    retry_after: timedelta,
-) -> str | None:
-    expected = expected_state(observation, last)
-    if expected == TERMINATING:
-        return None
-    recently_failed = (
-        last is not None
-        and last.state == State.FAILED
-        and last.acknowledged_at is not None
-        and now - last.acknowledged_at < retry_after
-    )
-    if want == Action.TERMINATE:
-        if (
-            last is not None
-            and last.action == Action.TERMINATE
-            and (last.state != State.FAILED or recently_failed)
-        ):
-            return None
-        return Action.TERMINATE
-    if want == Action.PAUSE:
-        if expected == STOPPED:
-            return None
-        if last is not None and last.action == Action.PAUSE and recently_failed:
-            return None
-        return Action.PAUSE
-    # The process may run. Resume it only if this loop stopped it: a process its owner
-    # stopped (a debugger, a job-control stop) is none of the platform's business.
-    if expected != STOPPED or last is None:
-        return None
-    if last.action == Action.PAUSE and last.state in (
-        State.ISSUED,
-        State.DELIVERED,
-        State.ACKNOWLEDGED,
-    ):
-        return Action.RESUME
-    if last.action == Action.RESUME and last.state == State.FAILED and not recently_failed:
-        return Action.RESUME
-    return None
-
-
-def _verdicts(
-    *,
-    observations: list[ProcessObservation],
-    latest: dict[tuple[int, int], EnforcementAction],
-    capped: dict[int, Budget],
-    now: datetime,
-) -> dict[int, Verdict]:
-    refs = {o.allocation_ref for o in observations if o.allocation_ref is not None}
-    allocations = {
-        a.pk: a for a in Allocation.objects.filter(pk__in=refs).select_related("tenant", "tier")
-    }
-    verdicts: dict[int, Verdict] = {}
-    # allocation id -> gpu id -> observations allowed so far (before the GPU-count rule)
-    candidates: dict[int, dict[int, list[ProcessObservation]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
-    for o in observations:
-        verdict = _verdict_alone(o, allocations.get(o.allocation_ref), capped=capped, now=now)
-        verdicts[o.pk] = verdict
-        if verdict.want == RUN:
-            candidates[verdict.allocation.pk][o.gpu_id].append(o)  # type: ignore[union-attr]
-    for allocation_id, by_gpu in candidates.items():
-        allocation = allocations[allocation_id]
-        if len(by_gpu) <= allocation.gpus:
-            continue
-
-        def keep_first(
-            gpu_id: int, by_gpu: dict[int, list[ProcessObservation]] = by_gpu
-        ) -> tuple[int, int]:
-            running = any(
-                expected_state(o, latest.get((o.gpu_id, o.pid))) == RUNNING for o in by_gpu[gpu_id]
-            )
-            return (0 if running else 1, gpu_id)
-
-        for gpu_id in sorted(by_gpu, key=keep_first)[allocation.gpus :]:
-            for o in by_gpu[gpu_id]:
-                verdicts[o.pk] = Verdict(
-                    Action.PAUSE,
-                    f"allocation {allocation.pk} won {allocation.gpus} GPU(s) and its work "
-                    f"runs on {len(by_gpu)}; work on the extra GPUs is paused",
-                    allocation,
-                    allocation.tenant,
-                )
-    return verdicts
-
-
-def _verdict_alone(
-    o: ProcessObservation,
-    allocation: Allocation | None,
-    *,
-    capped: dict[int, Budget],
-    now: datetime,
-) -> Verdict:
-    if o.allocation_ref is None:
-        return Verdict(
-            Action.PAUSE,
-            "the process has no allocation (no GPUMARKET_ALLOCATION tag); GPUs run allocated work only",
-        )
-    if allocation is None:
-        return Verdict(
-            Action.PAUSE,
-            f"allocation {o.allocation_ref} does not exist; the process is paused until it does",
-        )
-    tenant = allocation.tenant
-    if allocation.status in _ENDED or allocation.ends_at <= now:
-        ended = (
-            f"was {allocation.status}"
-            if allocation.status in _ENDED
-            else f"ended at {allocation.ends_at:%Y-%m-%d %H:%M:%S} UTC"
-        )
-        return Verdict(
-            Action.TERMINATE,
-            f"allocation {allocation.pk} {ended}; preempted with "
-            f"{settings.GPUMARKET_PREEMPT_GRACE_SECONDS}s to checkpoint",
-            allocation,
-            tenant,
-        )
-    if allocation.starts_at > now:
-        return Verdict(
-            Action.PAUSE,
-            f"allocation {allocation.pk} starts at {allocation.starts_at:%Y-%m-%d %H:%M:%S} UTC",
-            allocation,
-            tenant,
-        )
-    budget = capped.get(tenant.pk)
-    # A capped tenant's allocation is `paused` because of the cap: the cap, below, is the
-    # reason to give, as it was before the status followed it.
-    paused_by_cap = allocation.status == Allocation.Status.PAUSED and budget is not None
-    if allocation.status != Allocation.Status.ACTIVE and not paused_by_cap:
-        return Verdict(
-            Action.PAUSE, f"allocation {allocation.pk} is {allocation.status}", allocation, tenant
-        )
-    if allocation.tier_id != o.gpu.tier_id:
-        return Verdict(
-            Action.PAUSE,
-            f"allocation {allocation.pk} is for tier {allocation.tier.slug}; this GPU is in "
-            "another tier",
-            allocation,
-            tenant,
-        )
-    if budget is not None:
-        return Verdict(Action.PAUSE, _cap_reason(tenant, budget), allocation, tenant)
-    return Verdict(
-        RUN,
-        f"allocation {allocation.pk} is active, within its GPUs and its tenant's budget",
-        allocation,
-        tenant,
-    )
-
-
-def _cap_reason(tenant: Tenant, budget: Budget) -> str:
-    scope = budget.campaign.name if budget.campaign_id else budget.get_window_display().lower()
-    return (
-        f"{tenant.name} reached its {scope} hard cap of {credits(budget.cap)} credits; work "
-        "resumes when the window rolls over or the cap is raised"
-    )
 
 
 def _issue(

@@ -1,9 +1,6 @@
-"""Reads for the policy pages: versions, the shadow comparison, and replays of past rounds.
-
-A replay clears the recorded bids of past rounds again under a candidate version with the
-same code the market clears with (``market.services.round_clearing.solve``), against the
-capacity each round actually offered, and sets the outcome beside what really happened.
-Nothing is written.
+"""Reads for the policy pages: versions, the alerts and rounds beside them, and the shadow
+comparison (each settled round's recorded outcome beside the shadow version's). The replay of
+past rounds under a candidate, which runs the solver, is ``market.policy.replay``.
 """
 
 from __future__ import annotations
@@ -13,19 +10,24 @@ from dataclasses import dataclass, field
 from statistics import mean
 from typing import Any
 
-import numpy as np
+from django.db.models import QuerySet
 
-from market import clearing
-from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round
-from market.services.bids import window_seconds
-from market.services.round_clearing import RoundData, solve
-from tenants.models import Tenant
+from market.diagnostics import JAIN, diagnostic
+from market.models import Allocation, PolicyVersion, Round
+from tenants.models import Notification, Tenant
 
 REPLAYABLE = (Round.Status.SETTLED, Round.Status.FINISHED, Round.Status.VOIDED)
 
 
 def versions_list() -> list[PolicyVersion]:
     return list(PolicyVersion.objects.select_related("parent", "created_by").order_by("-number"))
+
+
+def policy_alerts(*, limit: int = 10) -> QuerySet[Notification]:
+    """The newest notices admins got about guardrails and voided rounds."""
+    return Notification.objects.filter(tenant=None, kind__in=["policy_guardrail", "round_voided"])[
+        :limit
+    ]
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -69,7 +71,7 @@ class ComparisonTotals:
     errors: int = 0
 
 
-def _totals(rows: list[ComparisonRow]) -> ComparisonTotals:
+def comparison_totals(rows: list[ComparisonRow]) -> ComparisonTotals:
     totals = ComparisonTotals(rounds=len(rows))
     per_tenant: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for row in rows:
@@ -95,7 +97,7 @@ def _totals(rows: list[ComparisonRow]) -> ComparisonTotals:
     return totals
 
 
-def _utilisation(allocated: dict[str, int], capacities: dict[str, Any]) -> float | None:
+def side_utilisation(allocated: dict[str, int], capacities: dict[str, Any]) -> float | None:
     """GPUs allocated / GPUs offered, over every tier of the round (None if nothing offered).
 
     Computed here from the allocations rather than read from the solver's diagnostics, so the
@@ -105,12 +107,12 @@ def _utilisation(allocated: dict[str, int], capacities: dict[str, Any]) -> float
     return sum(allocated.values()) / offered if offered else None
 
 
-def _fairness(diagnostics: dict[str, Any]) -> float | None:
-    value = diagnostics.get("jain", diagnostics.get("jain_index"))
+def side_fairness(diagnostics: dict[str, Any]) -> float | None:
+    value = diagnostic(diagnostics, JAIN)
     return float(value) if isinstance(value, int | float) else None
 
 
-def _recorded_side(rnd: Round) -> Side:
+def recorded_side(rnd: Round) -> Side:
     """What the active version actually did in ``rnd`` (its allocations and diagnostics)."""
     allocated: dict[str, int] = defaultdict(int)
     by_tenant: dict[str, int] = defaultdict(int)
@@ -128,8 +130,8 @@ def _recorded_side(rnd: Round) -> Side:
         allocated=dict(allocated),
         gpus_by_tenant=dict(by_tenant),
         revenue=revenue,
-        utilisation=_utilisation(allocated, rnd.capacities),
-        fairness=_fairness(diagnostics),
+        utilisation=side_utilisation(allocated, rnd.capacities),
+        fairness=side_fairness(diagnostics),
     )
 
 
@@ -143,8 +145,10 @@ def _shadow_side(rnd: Round, result: dict[str, Any]) -> Side:
         allocated=allocated,
         gpus_by_tenant={k: int(v) for k, v in (result.get("gpus_by_tenant") or {}).items()},
         revenue=int(result.get("revenue") or 0),
-        utilisation=_utilisation(allocated, rnd.capacities),
-        fairness=float(fairness) if isinstance(fairness, int | float) else _fairness(diagnostics),
+        utilisation=side_utilisation(allocated, rnd.capacities),
+        fairness=float(fairness)
+        if isinstance(fairness, int | float)
+        else side_fairness(diagnostics),
         error=str(result.get("error") or ""),
     )
 
@@ -157,90 +161,7 @@ def shadow_comparison(*, last: int = 48) -> tuple[list[ComparisonRow], Compariso
         .order_by("-starts_at")[:last]
     )
     rows = [
-        ComparisonRow(round=r, active=_recorded_side(r), other=_shadow_side(r, r.shadow_result))
+        ComparisonRow(round=r, active=recorded_side(r), other=_shadow_side(r, r.shadow_result))
         for r in rounds
     ]
-    return rows, _totals(rows)
-
-
-def recorded_round_data(rnd: Round) -> RoundData:
-    """A past round's inputs as the solver saw them: every bid that was open when it cleared
-    (not the ones cancelled before), and the capacity the round offered then."""
-    slugs = sorted(rnd.capacities or {})
-    capacity = np.array([int(rnd.capacities[s]) for s in slugs], dtype=np.int64)
-    rows = np.array(
-        Bid.objects.filter(round=rnd)
-        .exclude(status=Bid.Status.CANCELLED)
-        .order_by("pk")
-        .values_list("pk", "tenant_id", "quantity", "min_quantity"),
-        dtype=np.int64,
-    ).reshape(-1, 4)
-    limits = np.zeros((rows.shape[0], len(slugs)), dtype=np.int64)
-    column = {s: i for i, s in enumerate(slugs)}
-    position = {int(b): i for i, b in enumerate(rows[:, 0])}
-    for bid_id, slug, price in BidLimit.objects.filter(bid_id__in=list(position)).values_list(
-        "bid_id", "tier__slug", "price"
-    ):
-        if slug in column:
-            limits[position[bid_id], column[slug]] = price
-    weights = dict(
-        Tenant.objects.filter(pk__in=np.unique(rows[:, 1]).tolist()).values_list("pk", "weight")
-    )
-    return RoundData(
-        bid_ids=rows[:, 0],
-        tenant_ids=rows[:, 1],
-        quantity=rows[:, 2],
-        min_quantity=rows[:, 3],
-        escrow=np.zeros(rows.shape[0], dtype=np.int64),
-        limits=limits,
-        tier_slugs=slugs,
-        capacity=capacity,
-        tenant_weights=weights,
-        seconds=window_seconds(rnd),
-    )
-
-
-def _replayed_side(rnd: Round, version: PolicyVersion) -> Side:
-    data = recorded_round_data(rnd)
-    try:
-        outcome = solve(data=data, policy=version)
-    except clearing.ClearingError as exc:
-        return Side(version.number, {}, {}, {}, 0, None, None, error=str(exc))
-    gpus = outcome.gpus
-    allocated = {
-        s: int(gpus[:, i].sum()) if gpus.size else 0 for i, s in enumerate(data.tier_slugs)
-    }
-    by_tenant: dict[str, int] = defaultdict(int)
-    if gpus.size:
-        for tenant_id, total in zip(
-            data.tenant_ids.tolist(), gpus.sum(axis=1).tolist(), strict=True
-        ):
-            if total:
-                by_tenant[str(tenant_id)] += int(total)
-    diagnostics = outcome.diagnostics or {}
-    return Side(
-        policy=version.number,
-        prices=dict(outcome.prices),
-        allocated=allocated,
-        gpus_by_tenant=dict(by_tenant),
-        revenue=outcome.revenue(data) if gpus.size else 0,
-        utilisation=_utilisation(allocated, rnd.capacities),
-        fairness=_fairness(diagnostics),
-    )
-
-
-def rounds_replay(
-    *, version: PolicyVersion, last: int
-) -> tuple[list[ComparisonRow], ComparisonTotals]:
-    """Clear the last ``last`` settled rounds again under ``version`` (nothing is written)."""
-    rounds = list(
-        Round.objects.filter(status__in=REPLAYABLE)
-        .exclude(capacities={})
-        .select_related("policy")
-        .order_by("-starts_at")[:last]
-    )
-    rows = [
-        ComparisonRow(round=r, active=_recorded_side(r), other=_replayed_side(r, version))
-        for r in rounds
-    ]
-    return rows, _totals(rows)
+    return rows, comparison_totals(rows)

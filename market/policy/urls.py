@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from market import policy_views as views
+from market.policy import views
 
 urlpatterns = [
     path("", views.policy_list, name="policy_list"),

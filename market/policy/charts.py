@@ -11,15 +11,14 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from core.charts import figure_html
 from tenants.ledger import MILLI
-
-_CONFIG = {"displaylogo": False, "responsive": True}
 
 
 def comparison_figure(rows: Sequence[Any], *, label: str) -> go.Figure:
     """Revenue, GPUs allocated and Jain's index per round: the active version beside ``label``.
 
-    ``rows`` are ``policy_selectors.ComparisonRow`` (oldest round first after sorting here).
+    ``rows`` are ``market.policy.selectors.ComparisonRow`` (oldest round first after sorting here).
     """
     ordered = sorted(rows, key=lambda r: r.round.starts_at)
     x = [f"#{r.round.pk}" for r in ordered]
@@ -60,6 +59,4 @@ def comparison_figure(rows: Sequence[Any], *, label: str) -> go.Figure:
 
 
 def comparison_html(rows: Sequence[Any], *, label: str, element_id: str) -> str:
-    return comparison_figure(rows, label=label).to_html(
-        include_plotlyjs=False, full_html=False, div_id=element_id, config=_CONFIG
-    )
+    return figure_html(comparison_figure(rows, label=label), element_id=element_id)

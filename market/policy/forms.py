@@ -12,8 +12,8 @@ from typing import Any
 from django import forms
 
 from market.errors import MarketError
-from market.guardrails import guardrails_validate
 from market.models import PolicyVersion, Tier
+from market.policy.guardrails import guardrails_validate
 from market.services.policy import MAX_ROUND_MINUTES
 from market.services.round_clearing import QUOTAS_PARAM
 

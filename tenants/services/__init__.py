@@ -1,0 +1,23 @@
+"""Every tenants write outside the ledger and budgets: tenants and memberships (``tenants``)
+and personal API tokens (``tokens``)."""
+
+from tenants.services.tenants import member_add, tenant_create
+from tenants.services.tokens import (
+    MAX_ACTIVE_TOKENS,
+    IssuedToken,
+    token_authenticate,
+    token_create,
+    token_revoke,
+    tokens_of,
+)
+
+__all__ = [
+    "MAX_ACTIVE_TOKENS",
+    "IssuedToken",
+    "member_add",
+    "tenant_create",
+    "token_authenticate",
+    "token_create",
+    "token_revoke",
+    "tokens_of",
+]
