@@ -4,11 +4,13 @@ Bad input exits with status 2 and a message naming what to fix."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,21 @@ def _tenants(text: str) -> int | str:
     if count < 1:
         raise _bad(f"--tenants: need at least one tenant, got {count}")
     return count
+
+
+@contextlib.contextmanager
+def _native_stdout_to_stderr() -> Iterator[None]:
+    """Solver libraries print banners straight to file descriptor 1 (HiGHS on every new
+    instance); send them to stderr so that stdout carries only the report (--format)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def machine() -> str:
@@ -201,9 +218,10 @@ class Command(BaseCommand):
             )
             config.validate()
             results = []
-            for name in policies:
-                self.stderr.write(f"simulating {len(jobs)} jobs under {name} ...")
-                results.append(simulate(jobs, policy=name, config=config))
+            with _native_stdout_to_stderr():
+                for name in policies:
+                    self.stderr.write(f"simulating {len(jobs)} jobs under {name} ...")
+                    results.append(simulate(jobs, policy=name, config=config))
         except SimulationError as exc:
             raise _bad(str(exc)) from exc
         summaries = [summarise(r) for r in results]
