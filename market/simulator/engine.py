@@ -143,6 +143,7 @@ class _State:
     usage: dict[int, float] = field(default_factory=dict)  # tenant -> decayed GPU-seconds
     usage_clock: float = 0.0  # seconds; when ``usage`` was last decayed
     running: dict[int, str] = field(default_factory=dict)  # job -> type, last round
+    limits: dict[int, dict[str, int]] = field(default_factory=dict)  # job -> milli-credits/GPU-h
 
 
 def _play_round(
@@ -180,7 +181,9 @@ def _play_round(
                 state.remaining[job.id] = 0.0
             else:
                 state.remaining[job.id] -= rate * round_seconds
-        limits = limit_prices(job, tiers)
+        limits = state.limits.get(job.id)
+        if limits is None:
+            limits = state.limits[job.id] = limit_prices(job, tiers)
         charge = 0.0
         for t, x in held.items():
             allocated[t] += x

@@ -86,7 +86,7 @@ def place_gangs(
             placed[job_id] = gpu_type
             free[gpu_type] -= scale
     for job in jobs:  # already in arrival order: oldest first
-        if job.id in placed:
+        if job.id in placed or all(n < job.scale for n in free.values()):
             continue
         for gpu_type in sorted(tiers, key=lambda t: (-job.throughput[t], t)):
             if job.throughput[gpu_type] > 0 and free[gpu_type] >= job.scale:

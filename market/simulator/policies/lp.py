@@ -49,9 +49,15 @@ def polytope(jobs: tuple[Job, ...], tiers: Tiers) -> Polytope:
     m, n = len(jobs), len(types)
     throughput = np.array([[job.throughput[t] for t in types] for job in jobs], dtype=float)
     scale = np.array([job.scale for job in jobs], dtype=float)
-    one_place = sp.kron(sp.identity(m), np.ones((1, n)))
-    capacity_rows = sp.hstack([sp.diags(np.full(n, s)) for s in scale]) if m else None
-    rows = sp.vstack([one_place, capacity_rows]).tocsr()
+    # Row i (job i): ones over its n columns. Row m + j (type j): s_i in column i * n + j.
+    columns = np.arange(m * n)
+    rows = sp.csr_matrix(
+        (
+            np.concatenate([np.ones(m * n), np.repeat(scale, n)]),
+            (np.concatenate([columns // n, m + columns % n]), np.concatenate([columns, columns])),
+        ),
+        shape=(m + n, m * n),
+    )
     capacity = np.array([tiers[t] for t in types], dtype=float)
     return Polytope(
         jobs=jobs,
