@@ -15,7 +15,7 @@ from plotly.offline import get_plotlyjs
 
 from market.simulator.engine import SimResult
 from market.simulator.metrics import Summary, as_json, job_fairness
-from market.simulator.table import goals, markdown_table
+from market.simulator.table import PER_TENANT_COLUMNS, goals, markdown_table
 
 PLOTLY_FILE = "plotly.min.js"
 _CONFIG = {"displaylogo": False, "responsive": True}
@@ -88,6 +88,13 @@ def utilisation_figure(results: list[SimResult]) -> go.Figure:
 
 def spend_figure(summaries: list[Summary]) -> go.Figure:
     tenants = sorted({t for s in summaries for t in s.spend})
+    if len(tenants) > PER_TENANT_COLUMNS:
+        # One bar per tenant is unreadable with a tenant per job: totals per policy instead.
+        fig = go.Figure(
+            [go.Bar(x=[s.policy for s in summaries], y=[s.spend_total / 1000 for s in summaries])]
+        )
+        fig.update_layout(title="Credits spent in total", yaxis_title="credits", **_LAYOUT)
+        return fig
     fig = go.Figure(
         [
             go.Bar(
