@@ -1,27 +1,34 @@
-"""The round loop: jobs arrive, bid, are allocated GPUs by a policy, progress and finish.
+"""The round loop: jobs arrive, a policy plans their shares, rounds realise the plan.
 
-Time is cut into rounds of ``round_minutes``. A job that arrives during a round bids from the
-next round boundary on (bidding for a round closes before it starts, as on the platform).
-Each round every unfinished job bids for its gang (``scale`` GPUs) with a limit price per GPU
-type proportional to its throughput there; the policy decides who gets what; each job then
-advances at its fluid rate for the round and may finish part-way through it. Rounds in which
-no job is waiting are skipped.
+Time is cut into rounds of ``round_minutes`` (Gavel uses 6, the platform 60). A job that
+arrives during a round takes part from the next round boundary on (bidding for a round
+closes before it starts, as on the platform). A policy is asked for a plan of time
+fractions (``policies/base.py``) when the set of jobs in the system changes (a job arrived
+or finished), or every round for the queue baselines; each round realises the current plan
+under the job model (``realise.py``), jobs advance and may finish part-way through a round
+(their GPUs then stay idle until the next round: the cost of scheduling in rounds). Rounds
+in which no job is in the system are skipped.
+
+Charges (market mechanisms): min(price, the job's limit) per GPU-hour x the GPU-hours the
+job actually ran, in milli-credits; the baselines charge the reserve price the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from market.simulator.errors import SimulationError
-from market.simulator.policies import POLICIES, Demand, RoundAllocation, Tiers
+from market.simulator.policies import POLICIES, Plan, Tiers, View, limit_prices
+from market.simulator.policies.queues import DEFAULT_HALF_LIFE_HOURS
+from market.simulator.realise import Ledger, fluid_gpus, place_gangs
 from market.simulator.trace import Job
 
-# Limit price per GPU-hour of a job on its slowest GPU type, milli-credits; faster types are
-# worth proportionally more (a job values a GPU type by its throughput on it).
-BASE_PRICE = 1000
+JobModel = Literal["gang", "fluid"]
+JOB_MODELS: tuple[JobModel, ...] = ("gang", "fluid")
 
 
 @dataclass(frozen=True)
@@ -30,11 +37,12 @@ class SimConfig:
     tenants: int = 4
     round_minutes: float = 60.0
     max_rounds: int | None = None  # rounds in which something ran; None = until every job ends
-    divisible: bool = True
+    job_model: JobModel = "gang"
     reserve: dict[str, int] = field(default_factory=dict)  # milli-credits per GPU-hour
     max_share_pct: dict[str, int] = field(default_factory=dict)
-    params: dict = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
     weights: tuple[int, ...] | None = None  # tenant entitlements; None = equal
+    half_life_hours: float = DEFAULT_HALF_LIFE_HOURS  # fair-share usage decay
 
     def validate(self) -> None:
         if not self.tiers:
@@ -50,6 +58,14 @@ class SimConfig:
             )
         if self.max_rounds is not None and self.max_rounds < 1:
             raise SimulationError(f"--rounds must be at least 1, got {self.max_rounds}")
+        if self.job_model not in JOB_MODELS:
+            raise SimulationError(
+                f"job model must be one of {', '.join(JOB_MODELS)}, got {self.job_model!r}"
+            )
+        if not (self.half_life_hours > 0):
+            raise SimulationError(
+                f"fair-share half-life must be positive, got {self.half_life_hours} hours"
+            )
         if self.weights is not None and (
             len(self.weights) != self.tenants or min(self.weights) < 1
         ):
@@ -63,32 +79,25 @@ class JobOutcome:
     job: Job
     first_run: float | None  # seconds; start of the first round in which it got GPUs
     finish: float | None  # seconds; None if the simulation stopped first
-    isolated: float  # completion time alone on 1/N of every tier, seconds
     spend: int  # milli-credits
 
     @property
     def jct(self) -> float | None:
         return None if self.finish is None else self.finish - self.job.arrival
 
-    @property
-    def rho(self) -> float | None:
-        """Finish-time fairness: time under the policy / time on an equal share."""
-        return None if self.jct is None else self.jct / self.isolated
-
 
 @dataclass(frozen=True)
 class RoundRecord:
     start: float  # seconds
-    waiting_jobs: int
-    demand: dict[str, int]  # GPUs asked for, per tenant (by index as text)
+    waiting_jobs: int  # jobs in the system during the round
+    demand: dict[int, int]  # tenant -> GPUs its jobs' gangs ask for
     allocated: dict[str, float]  # GPUs per tier
     busy_gpu_seconds: float  # GPU-seconds actually used (jobs may finish part-way)
     tenant_gpus: dict[int, float]
-    prices: dict[str, float]
-    spend: dict[int, int]
-    jain: float | None  # across tenants with demand; None with fewer than two
-    solve_seconds: float
-    notes: tuple[str, ...] = ()
+    placed: dict[int, str]  # gang model: job id -> the one type its gang ran on
+    prices: dict[str, float]  # milli-credits per GPU-hour
+    spend: dict[int, int]  # tenant -> milli-credits
+    solve_seconds: float  # 0 in rounds that reuse the previous plan
 
 
 @dataclass(frozen=True)
@@ -98,139 +107,106 @@ class SimResult:
     jobs: list[JobOutcome]
     rounds: list[RoundRecord]
     wall_seconds: float
+    plans: int  # times the policy was asked
+    shrunk_jobs: int  # gangs larger than every type, run on the largest type instead
 
 
-def isolated_rate(job: Job, tiers: Tiers, tenants: int) -> float:
-    """Steps/s of ``job`` alone on 1/N of every tier: its gang filled from its fastest type."""
-    left = float(job.scale)
-    rate = 0.0
-    for gpu_type in sorted(tiers, key=lambda t: (-job.throughput[t], t)):
-        take = min(left, tiers[gpu_type] / tenants)
-        rate += job.throughput[gpu_type] * take / job.scale
-        left -= take
-        if left <= 0:
-            break
-    return rate
-
-
-def limit_prices(job: Job, tiers: Tiers) -> dict[str, int]:
-    """The job's limit per GPU-hour on each type, milli-credits: ``BASE_PRICE`` x speed-up."""
-    slowest = min(job.throughput[t] for t in tiers)
-    return {t: max(1, round(BASE_PRICE * job.throughput[t] / slowest)) for t in tiers}
-
-
-def jain_index(values: list[float]) -> float | None:
-    if len(values) < 2:
-        return None
-    total = sum(values)
-    squares = sum(v * v for v in values)
-    if squares == 0:
-        return 1.0
-    return total * total / (len(values) * squares)
-
-
-def _round_jain(
-    tenant_gpus: dict[int, float], demand: dict[int, int], capacity: float
-) -> float | None:
-    """Jain's index of tenants' normalised shares: GPUs won / min(demand, equal split).
-
-    Only tenants with work waiting count; a tenant given all it asked for (or its equal split
-    of the cluster) scores 1.
-    """
-    if len(demand) < 2:
-        return None
-    fair = capacity / len(demand)
-    shares = [min(tenant_gpus.get(i, 0.0) / min(d, fair), 1.0) for i, d in demand.items()]
-    return jain_index(shares)
+def fit_gangs(jobs: list[Job], tiers: Tiers) -> tuple[list[Job], int]:
+    """A gang larger than every GPU type could never run whole on one type. Such a job is
+    run on a gang as large as the largest type instead, doing the same work per GPU-second
+    (the trace's throughputs for big gangs are already scaled linearly from 8 GPUs)."""
+    largest = max(tiers.values())
+    fitted: list[Job] = []
+    for job in jobs:
+        if job.scale <= largest:
+            fitted.append(job)
+            continue
+        factor = largest / job.scale
+        fitted.append(
+            dataclasses.replace(
+                job,
+                scale=largest,
+                throughput={t: v * factor for t, v in job.throughput.items()},
+            )
+        )
+    return fitted, sum(j.scale > largest for j in jobs)
 
 
 @dataclass
-class _Progress:
-    """What the rounds have done to the jobs so far, by job id."""
+class _State:
+    """What the rounds have done so far, by job id and tenant."""
 
     remaining: dict[int, float]  # steps still to run
     first_run: dict[int, float] = field(default_factory=dict)  # seconds
     finish: dict[int, float] = field(default_factory=dict)  # seconds
-    spend: dict[int, int] = field(default_factory=dict)  # milli-credits
+    spend: dict[int, int] = field(default_factory=dict)  # milli-credits per job
+    usage: dict[int, float] = field(default_factory=dict)  # tenant -> decayed GPU-seconds
+    usage_clock: float = 0.0  # seconds; when ``usage`` was last decayed
+    running: dict[int, str] = field(default_factory=dict)  # job -> type, last round
+    limits: dict[int, dict[str, int]] = field(default_factory=dict)  # job -> milli-credits/GPU-h
 
 
-def _round_play(
-    *,
-    active: list[Job],
-    start: float,
-    allocate: Callable[..., RoundAllocation],
-    tiers: Tiers,
-    config: SimConfig,
-    weights: tuple[int, ...],
-    progress: _Progress,
-) -> tuple[RoundRecord, RoundAllocation, list[Job]]:
-    """Clear one round for the ``active`` jobs and advance them through it.
-
-    Updates ``progress`` in place; returns the round's record, the policy's allocation and the
-    jobs still unfinished at the end of the round.
-    """
+def _play_round(
+    *, active: list[Job], start: float, plan: Plan, config: SimConfig, state: _State, ledger: Ledger
+) -> RoundRecord:
+    """Realise ``plan`` for one round and advance the ``active`` jobs (updates ``state``)."""
+    tiers: Tiers = config.tiers
     round_seconds = config.round_minutes * 60.0
-    demands = [
-        Demand(job=j, limits=limit_prices(j, tiers), weight=weights[j.tenant]) for j in active
-    ]
-    t0 = time.perf_counter()
-    outcome: RoundAllocation = allocate(
-        demands=demands,
-        tiers=tiers,
-        hours=round_seconds / 3600.0,
-        tenants=config.tenants,
-        weights=weights,
-        reserve=config.reserve,
-        max_share_pct=config.max_share_pct,
-        params=config.params,
-        divisible=config.divisible,
-    )
-    solve_seconds = time.perf_counter() - t0
+    placed: dict[int, str] = {}
+    if config.job_model == "gang":
+        placed = place_gangs(active, plan.fractions, tiers, ledger)
+        ledger.record(placed)
+        gpus = {j.id: ({placed[j.id]: float(j.scale)} if j.id in placed else {}) for j in active}
+    else:
+        gpus = fluid_gpus(active, plan.fractions, tiers)
 
-    remaining = progress.remaining
+    decay = 0.5 ** ((start - state.usage_clock) / (config.half_life_hours * 3600.0))
+    state.usage = {t: u * decay for t, u in state.usage.items()}
+    state.usage_clock = start
     busy = 0.0
     allocated = {t: 0.0 for t in tiers}
     tenant_gpus: dict[int, float] = {}
-    tenant_demand: dict[int, int] = {}
+    demand: dict[int, int] = {}
     spend: dict[int, int] = {}
-    still_active: list[Job] = []
     for job in active:
-        tenant_demand[job.tenant] = tenant_demand.get(job.tenant, 0) + job.scale
-        gpus = {t: x for t, x in outcome.gpus.get(job.id, {}).items() if x > 1e-9}
-        rate = job.rate(gpus)
+        demand[job.tenant] = demand.get(job.tenant, 0) + job.scale
+        held = gpus[job.id]
+        rate = sum(job.throughput[t] * x / job.scale for t, x in held.items())
         used_seconds = round_seconds
         if rate > 0:
-            progress.first_run.setdefault(job.id, start)
-            if remaining[job.id] <= rate * round_seconds:
-                used_seconds = remaining[job.id] / rate
-                progress.finish[job.id] = start + used_seconds
-                remaining[job.id] = 0.0
+            state.first_run.setdefault(job.id, start)
+            if state.remaining[job.id] <= rate * round_seconds:
+                used_seconds = state.remaining[job.id] / rate
+                state.finish[job.id] = start + used_seconds
+                state.remaining[job.id] = 0.0
             else:
-                remaining[job.id] -= rate * round_seconds
-        for t, x in gpus.items():
+                state.remaining[job.id] -= rate * round_seconds
+        limits = state.limits.get(job.id)
+        if limits is None:
+            limits = state.limits[job.id] = limit_prices(job, tiers)
+        charge = 0.0
+        for t, x in held.items():
             allocated[t] += x
             busy += x * used_seconds
             tenant_gpus[job.tenant] = tenant_gpus.get(job.tenant, 0.0) + x
-        charge = outcome.charges.get(job.id, 0)
-        if charge:
-            progress.spend[job.id] += charge
-            spend[job.tenant] = spend.get(job.tenant, 0) + charge
-        if job.id not in progress.finish:
-            still_active.append(job)
-    record = RoundRecord(
+            state.usage[job.tenant] = state.usage.get(job.tenant, 0.0) + x * used_seconds
+            charge += min(plan.prices.get(t, 0.0), limits[t]) * x * used_seconds / 3600.0
+        if round(charge):
+            state.spend[job.id] += round(charge)
+            spend[job.tenant] = spend.get(job.tenant, 0) + round(charge)
+    state.running = placed
+    return RoundRecord(
         start=start,
         waiting_jobs=len(active),
-        demand={str(i): d for i, d in sorted(tenant_demand.items())},
+        demand=demand,
         allocated=allocated,
         busy_gpu_seconds=busy,
         tenant_gpus=tenant_gpus,
-        prices=dict(outcome.prices),
+        placed=placed,
+        prices=dict(plan.prices),
         spend=spend,
-        jain=_round_jain(tenant_gpus, tenant_demand, float(sum(tiers.values()))),
-        solve_seconds=solve_seconds,
-        notes=outcome.notes,
+        solve_seconds=0.0,
     )
-    return record, outcome, still_active
 
 
 def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
@@ -240,28 +216,31 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
         raise SimulationError(
             f"unknown policy {policy!r}; choose from {', '.join(sorted(POLICIES))}"
         )
-    allocate = POLICIES[policy]
+    spec = POLICIES[policy]
+    planner = spec.make()
     tiers: Tiers = dict(config.tiers)
     for job in jobs:
         missing = [t for t in tiers if t not in job.throughput]
         if missing:
             raise SimulationError(f"job {job.id} has no throughput for tier(s) {missing}")
-    if not config.divisible:
-        too_big = [j for j in jobs if j.scale > sum(tiers.values())]
-        if too_big:
+        if job.tenant >= config.tenants:
             raise SimulationError(
-                f"{len(too_big)} job(s) need more GPUs at once than the tiers offer in all "
-                f"({sum(tiers.values())}), e.g. job {too_big[0].id} needs {too_big[0].scale}; with "
-                "whole GPUs they could never run: offer more GPUs, or clear divisibly"
+                f"job {job.id} belongs to tenant {job.tenant}, but only {config.tenants} "
+                "tenants are simulated"
             )
+    shrunk = 0
+    if config.job_model == "gang":
+        jobs, shrunk = fit_gangs(jobs, tiers)
     round_seconds = config.round_minutes * 60.0
     weights = config.weights or tuple([1] * config.tenants)
 
     order = sorted(jobs, key=lambda j: (j.arrival, j.id))
-    progress = _Progress(
-        remaining={j.id: float(j.steps) for j in order}, spend={j.id: 0 for j in order}
-    )
+    state = _State(remaining={j.id: float(j.steps) for j in order}, spend={j.id: 0 for j in order})
+    ledger = Ledger()
     records: list[RoundRecord] = []
+    plan: Plan | None = None
+    plans = 0
+    changed = True
     next_arrival = 0
     active: list[Job] = []
     clock = 0
@@ -275,54 +254,71 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
         while next_arrival < len(order) and order[next_arrival].arrival <= start:
             active.append(order[next_arrival])
             next_arrival += 1
+            changed = True
         if not active:
             clock += 1
             continue
         if config.max_rounds is not None and len(records) >= config.max_rounds:
             break
+        solve_seconds = 0.0
+        if plan is None or changed or spec.every_round:
+            view = View(
+                now=start,
+                jobs=tuple(active),
+                tiers=tiers,
+                remaining=state.remaining,
+                running=state.running,
+                usage=state.usage,
+                weights=weights,
+                round_seconds=round_seconds,
+                reserve=config.reserve,
+                max_share_pct=config.max_share_pct,
+                params=config.params,
+            )
+            t0 = time.perf_counter()
+            new_plan = planner(view)
+            solve_seconds = time.perf_counter() - t0
+            ledger.new_plan(plan.fractions if plan is not None else {})
+            plan, plans, changed = new_plan, plans + 1, False
 
-        record, outcome, active = _round_play(
-            active=active,
-            start=start,
-            allocate=allocate,
-            tiers=tiers,
-            config=config,
-            weights=weights,
-            progress=progress,
+        record = _play_round(
+            active=active, start=start, plan=plan, config=config, state=state, ledger=ledger
         )
-        records.append(record)
+        records.append(dataclasses.replace(record, solve_seconds=solve_seconds))
         clock += 1
-        if active and not any(outcome.gpus.values()):
-            # Nothing ran: the same jobs bid the same way next round, so only an arrival can
-            # change the outcome. Jump to it, or stop if none is left.
+        finished = [j for j in active if j.id in state.finish]
+        if finished:
+            changed = True
+            active = [j for j in active if j.id not in state.finish]
+            for job in finished:
+                ledger.forget(job.id)
+        if active and record.busy_gpu_seconds == 0:
+            # Nothing ran: the same jobs would get the same GPUs next round, so only an
+            # arrival can change the outcome. Jump to it, or stop if none is left.
             if next_arrival == len(order):
                 stuck = sorted(active, key=lambda j: j.id)[:5]
                 raise SimulationError(
                     f"{len(active)} job(s) can never be served under {policy}, e.g. "
                     + ", ".join(f"job {j.id} ({j.job_type}, {j.scale} GPUs at once)" for j in stuck)
-                    + "; offer more GPUs, or clear divisibly (without --whole-gpus)"
+                    + "; offer more GPUs or check the throughputs"
                 )
             clock = max(clock, math.ceil(order[next_arrival].arrival / round_seconds))
 
-    outcomes = []
-    for job in order:
-        first_boundary = math.ceil(job.arrival / round_seconds) * round_seconds
-        isolated = (first_boundary - job.arrival) + job.steps / isolated_rate(
-            job, tiers, config.tenants
+    outcomes = [
+        JobOutcome(
+            job=job,
+            first_run=state.first_run.get(job.id),
+            finish=state.finish.get(job.id),
+            spend=state.spend[job.id],
         )
-        outcomes.append(
-            JobOutcome(
-                job=job,
-                first_run=progress.first_run.get(job.id),
-                finish=progress.finish.get(job.id),
-                isolated=isolated,
-                spend=progress.spend[job.id],
-            )
-        )
+        for job in order
+    ]
     return SimResult(
         policy=policy,
         config=config,
         jobs=outcomes,
         rounds=records,
         wall_seconds=time.perf_counter() - started,
+        plans=plans,
+        shrunk_jobs=shrunk,
     )

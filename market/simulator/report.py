@@ -14,7 +14,8 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from market.simulator.engine import SimResult
-from market.simulator.metrics import Summary, as_json, markdown_table
+from market.simulator.metrics import Summary, as_json, job_fairness
+from market.simulator.table import PER_TENANT_COLUMNS, goals, markdown_table
 
 PLOTLY_FILE = "plotly.min.js"
 _CONFIG = {"displaylogo": False, "responsive": True}
@@ -40,7 +41,7 @@ def jct_figure(summaries: list[Summary]) -> go.Figure:
 def rho_figure(results: list[SimResult]) -> go.Figure:
     fig = go.Figure()
     for result in results:
-        rhos = sorted(o.rho for o in result.jobs if o.rho is not None)
+        rhos = sorted(f.rho for f in job_fairness(result).values())
         if rhos:
             fig.add_trace(
                 go.Scatter(
@@ -53,7 +54,7 @@ def rho_figure(results: list[SimResult]) -> go.Figure:
             )
     fig.add_vline(x=1.0, line_dash="dot")
     fig.update_layout(
-        title="Finish-time fairness: CDF of rho (time under the policy / time on an equal share)",
+        title="Finish-time fairness: CDF of rho (JCT / JCT alone on 1/N of the cluster)",
         xaxis_title="rho",
         yaxis_title="share of jobs",
         xaxis_type="log",
@@ -87,6 +88,13 @@ def utilisation_figure(results: list[SimResult]) -> go.Figure:
 
 def spend_figure(summaries: list[Summary]) -> go.Figure:
     tenants = sorted({t for s in summaries for t in s.spend})
+    if len(tenants) > PER_TENANT_COLUMNS:
+        # One bar per tenant is unreadable with a tenant per job: totals per policy instead.
+        fig = go.Figure(
+            [go.Bar(x=[s.policy for s in summaries], y=[s.spend_total / 1000 for s in summaries])]
+        )
+        fig.update_layout(title="Credits spent in total", yaxis_title="credits", **_LAYOUT)
+        return fig
     fig = go.Figure(
         [
             go.Bar(
@@ -115,10 +123,16 @@ def report_write(
         "html": out / "report.html",
         "plotly": out / PLOTLY_FILE,
     }
-    paths["markdown"].write_text(f"{context}\n\nCommand: `{command}`\n\n{table}\n")
+    checks = "\n".join(goals(summaries))
+    paths["markdown"].write_text(f"{context}\n\nCommand: `{command}`\n\n{table}\n\n{checks}\n")
     paths["json"].write_text(
         json.dumps(
-            {"command": command, "context": context, "policies": [as_json(s) for s in summaries]},
+            {
+                "command": command,
+                "context": context,
+                "policies": [as_json(s) for s in summaries],
+                "goals": goals(summaries),
+            },
             indent=2,
         )
     )

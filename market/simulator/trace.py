@@ -14,6 +14,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from market.simulator.errors import SimulationError
 
@@ -110,12 +111,15 @@ def trace_load(
     *,
     throughputs: Throughputs,
     gpu_types: list[str],
-    tenants: int,
+    tenants: int | Literal["jobs"],
     seed: int = 0,
     max_jobs: int | None = None,
 ) -> list[Job]:
-    """Jobs of a trace file, each assigned to one of ``tenants`` tenants by a seeded draw."""
-    if tenants < 1:
+    """Jobs of a trace file, each assigned to one of ``tenants`` tenants by a seeded draw, or
+    with ``tenants="jobs"`` each its own tenant (tenant i = the i-th job of the file), the
+    setting of Gavel, Themis and Shockwave."""
+    per_job = tenants == "jobs"
+    if not per_job and (not isinstance(tenants, int) or tenants < 1):
         raise SimulationError(f"need at least one tenant, got {tenants}")
     if max_jobs is not None and max_jobs < 1:
         raise SimulationError(f"--max-jobs must be at least 1, got {max_jobs}")
@@ -157,7 +161,7 @@ def trace_load(
                 scale=scale_n,
                 steps=steps_n,
                 arrival=arrival_s,
-                tenant=rng.randrange(tenants),
+                tenant=len(jobs) if per_job else rng.randrange(int(tenants)),
                 throughput=throughput,
                 extrapolated=extrapolated,
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from io import StringIO
 from pathlib import Path
@@ -17,7 +18,7 @@ from market.simulator import (
     throughputs_load,
     trace_load,
 )
-from market.simulator.metrics import markdown_table, percentile
+from market.simulator.table import goals, markdown_table
 
 DATA = Path(__file__).parent / "data"
 TIERS = {"k80": 2, "p100": 2, "v100": 2}
@@ -30,7 +31,7 @@ def results():
         DATA / "head40.trace", throughputs=table, gpu_types=list(TIERS), tenants=2, max_jobs=5
     )
     config = SimConfig(tiers=TIERS, tenants=2, round_minutes=240)
-    return [simulate(jobs, policy=p, config=config) for p in ("welfare", "fcfs")]
+    return [simulate(jobs, policy=p, config=config) for p in ("welfare", "fifo")]
 
 
 def test_report_is_offline_and_complete(results, tmp_path):
@@ -45,21 +46,27 @@ def test_report_is_offline_and_complete(results, tmp_path):
     assert html.count('class="plotly-graph-div"') == 4
     assert markdown_table(summaries) in paths["markdown"].read_text()
     data = json.loads(paths["json"].read_text())
-    assert [p["policy"] for p in data["policies"]] == ["welfare", "fcfs"]
+    assert [p["policy"] for p in data["policies"]] == ["welfare", "fifo"]
     assert data["policies"][0]["finished"] == 5
 
 
 def test_markdown_table_has_one_row_per_policy(results):
     table = markdown_table([summarise(r) for r in results]).splitlines()
-    assert table[0].startswith("| policy | jobs finished |")
-    assert [row.split("|")[1].strip() for row in table[2:]] == ["welfare", "fcfs"]
+    assert table[0].startswith("| policy | finished | utilisation |")
+    assert [row.split("|")[1].strip() for row in table[2:]] == ["welfare", "fifo"]
     assert all(row.split("|")[2].strip() == "5/5" for row in table[2:])
 
 
-def test_percentile():
-    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
-    assert percentile([1.0, 2.0], 95) == pytest.approx(1.95)
-    assert percentile([7.0], 95) == 7.0
+def test_goals_say_by_how_much_a_goal_is_missed(results):
+    welfare, fifo = (summarise(r) for r in results)
+    welfare = dataclasses.replace(welfare, utilisation=0.5)
+    maxmin = dataclasses.replace(welfare, policy="maxmin", utilisation=0.9, rho_worst=3.0)
+    gavel = dataclasses.replace(welfare, policy="gavel-maxmin", rho_worst=2.0)
+    fifo = dataclasses.replace(fifo, utilisation=0.8)
+    lines = goals([welfare, maxmin, gavel, fifo])
+    assert lines[0] == "- maxmin worst rho <= Gavel max-min's: MISSED by 1 (50.0%) (3 vs 2)"
+    assert "- welfare utilisation >= FIFO's: MISSED by 0.3 (37.5%) (0.5 vs 0.8)" in lines
+    assert "- maxmin utilisation >= FIFO's: met (0.9 vs 0.8)" in lines
 
 
 def test_simulate_command_writes_the_report(tmp_path):
@@ -71,21 +78,25 @@ def test_simulate_command_writes_the_report(tmp_path):
         "--max-jobs",
         "6",
         "--policy",
-        "fcfs,maxmin",
+        "fifo,maxmin,gavel-maxmin",
         "--tiers",
         "k80=4,v100=4",
         "--tenants",
-        "3",
+        "jobs",
         "--round-minutes",
-        "120",
+        "6",
+        "--format",
+        "markdown",
         "--out",
         str(tmp_path),
         stdout=out,
         stderr=StringIO(),
     )
     text = out.getvalue()
-    assert "6 jobs of head40.trace" in text and "3 tenants (seed 0)" in text
-    assert "| fcfs | 6/6 |" in text and "| maxmin | 6/6 |" in text
+    assert "6 jobs of head40.trace" in text and "one tenant per job" in text
+    assert "6-minute rounds, gang job model" in text
+    assert "| fifo | 6/6 |" in text and "| gavel-maxmin | 6/6 |" in text
+    assert "- maxmin worst rho <= Gavel max-min's:" in text
     assert (tmp_path / "report.html").exists() and (tmp_path / "summary.md").exists()
 
 
@@ -96,10 +107,12 @@ def test_simulate_command_writes_the_report(tmp_path):
         (["--tiers", "k80"], "should look like k80=8"),
         (["--tiers", "h100=4"], "no throughputs for GPU type 'h100'"),
         (["--tenants", "0"], "at least one tenant"),
+        (["--tenants", "everyone"], "positive whole number or 'jobs'"),
+        (["--round-minutes", "0"], "round length must be positive"),
     ],
 )
-def test_simulate_command_refuses_bad_arguments(tmp_path, args, message):
-    with pytest.raises(CommandError, match=message):
+def test_simulate_command_refuses_bad_arguments_with_status_2(tmp_path, args, message):
+    with pytest.raises(CommandError, match=message) as refused:
         call_command(
             "simulate",
             "--trace",
@@ -110,6 +123,7 @@ def test_simulate_command_refuses_bad_arguments(tmp_path, args, message):
             stdout=StringIO(),
             stderr=StringIO(),
         )
+    assert refused.value.returncode == 2
 
 
 def test_simulate_command_needs_a_trace_or_rounds():

@@ -87,3 +87,12 @@ def test_missing_files_are_named(tmp_path, table):
         trace_load(tmp_path / "nope.trace", throughputs=table, gpu_types=TYPES, tenants=2)
     with pytest.raises(SimulationError, match="does not exist"):
         throughputs_load(tmp_path / "nope.json")
+
+
+def test_tenants_jobs_gives_every_job_its_own_tenant(table):
+    jobs = trace_load(DATA / "head40.trace", throughputs=table, gpu_types=TYPES, tenants="jobs")
+    assert len(jobs) == 40
+    assert sorted(j.tenant for j in jobs) == list(range(40))
+    # A seeded draw over as many tenants as jobs leaves some tenants with several jobs.
+    drawn = trace_load(DATA / "head40.trace", throughputs=table, gpu_types=TYPES, tenants=40)
+    assert len({j.tenant for j in drawn}) < 40

@@ -1,12 +1,16 @@
 """``gpumarket simulate``: what-if a job trace, or the platform's own past rounds, ran under a
-policy. Uses the market's clearing code; writes summary.md, summary.json and report.html."""
+policy. Uses the market's clearing code; writes summary.md, summary.json and report.html.
+Bad input exits with status 2 and a message naming what to fix."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import platform
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +18,13 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from market.simulator import (
+    BASELINES,
+    JOB_MODELS,
+    MARKET,
     POLICIES,
     SimConfig,
     SimulationError,
+    goals,
     markdown_table,
     report_write,
     simulate,
@@ -24,8 +32,15 @@ from market.simulator import (
     throughputs_load,
     trace_load,
 )
+from market.simulator.metrics import as_json
 
 MECHANISMS = ("welfare", "fisher", "maxmin")
+FORMATS = ("text", "markdown", "json")
+BAD_INPUT = 2  # exit status for arguments or files the user must fix
+
+
+def _bad(message: str) -> CommandError:
+    return CommandError(message, returncode=BAD_INPUT)
 
 
 def _tiers(text: str) -> dict[str, int]:
@@ -33,14 +48,42 @@ def _tiers(text: str) -> dict[str, int]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, sep, count = part.partition("=")
         if not sep or not name.strip():
-            raise CommandError(f"--tiers: {part!r} should look like k80=8")
+            raise _bad(f"--tiers: {part!r} should look like k80=8")
         try:
             tiers[name.strip()] = int(count)
         except ValueError as exc:
-            raise CommandError(f"--tiers: {part!r}: the GPU count must be a whole number") from exc
+            raise _bad(f"--tiers: {part!r}: the GPU count must be a whole number") from exc
     if not tiers:
-        raise CommandError("--tiers needs at least one TYPE=GPUS, e.g. k80=8,p100=8,v100=8")
+        raise _bad("--tiers needs at least one TYPE=GPUS, e.g. k80=8,p100=8,v100=8")
     return tiers
+
+
+def _tenants(text: str) -> int | str:
+    """``jobs`` (every job its own tenant) or a positive number of tenants."""
+    if text.strip() == "jobs":
+        return "jobs"
+    try:
+        count = int(text)
+    except ValueError as exc:
+        raise _bad(f"--tenants must be a positive whole number or 'jobs', got {text!r}") from exc
+    if count < 1:
+        raise _bad(f"--tenants: need at least one tenant, got {count}")
+    return count
+
+
+@contextlib.contextmanager
+def _native_stdout_to_stderr() -> Iterator[None]:
+    """Solver libraries print banners straight to file descriptor 1 (HiGHS on every new
+    instance); send them to stderr so that stdout carries only the report (--format)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def machine() -> str:
@@ -73,27 +116,52 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--policy",
-            default="welfare,fisher,maxmin,fcfs",
-            help=f"comma-separated: {', '.join(sorted(POLICIES))} (fcfs only for traces)",
+            default=",".join(MARKET + BASELINES),
+            help=(
+                f"comma-separated; ours: {', '.join(MARKET)}; baselines: {', '.join(BASELINES)} "
+                "(fcfs = fifo); default: all"
+            ),
         )
         parser.add_argument(
             "--tiers", default="k80=8,p100=8,v100=8", help="GPU type=GPUs, comma-separated"
         )
-        parser.add_argument("--tenants", type=int, default=4)
+        parser.add_argument(
+            "--tenants",
+            default="4",
+            help="N tenants drawn at random per job (--seed), or 'jobs': every job its own tenant",
+        )
         parser.add_argument(
             "--rounds", type=int, default=None, help="stop after N rounds with work"
         )
-        parser.add_argument("--round-minutes", type=float, default=60.0)
+        parser.add_argument(
+            "--round-minutes",
+            type=float,
+            default=60.0,
+            help="round length (the platform's default 60; Gavel uses 6)",
+        )
+        parser.add_argument(
+            "--job-model",
+            choices=JOB_MODELS,
+            default="gang",
+            help="gang: whole gangs on one GPU type a round (default); fluid: fractional GPUs",
+        )
+        parser.add_argument(
+            "--half-life-hours",
+            type=float,
+            default=7 * 24.0,
+            help="fair-share: decay half-life of past usage (Slurm's default 7 days)",
+        )
+        parser.add_argument(
+            "--format",
+            choices=FORMATS,
+            default="text",
+            help="stdout: text (table and timings), markdown (context, command, table, goals), json",
+        )
         parser.add_argument(
             "--max-jobs", type=int, default=None, help="only the first N jobs of the trace"
         )
         parser.add_argument(
             "--seed", type=int, default=0, help="seeds the job -> tenant assignment"
-        )
-        parser.add_argument(
-            "--whole-gpus",
-            action="store_true",
-            help="clear with whole GPUs and gangs (slower); the default is the divisible relaxation",
         )
         parser.add_argument(
             "--out", default=None, help="report directory (default var/simulations/<name>)"
@@ -118,11 +186,11 @@ class Command(BaseCommand):
             self._from_rounds(options)
             return
         if not options["trace"]:
-            raise CommandError("give --trace FILE (a job trace) or --from-rounds N (past rounds)")
+            raise _bad("give --trace FILE (a job trace) or --from-rounds N (past rounds)")
         policies = [p.strip() for p in options["policy"].split(",") if p.strip()]
         unknown = [p for p in policies if p not in POLICIES]
         if unknown or not policies:
-            raise CommandError(
+            raise _bad(
                 f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(sorted(POLICIES))}"
             )
         trace = Path(options["trace"])
@@ -130,44 +198,71 @@ class Command(BaseCommand):
             options["throughputs"] or trace.parent / "simulation_throughputs.json"
         )
         tiers = _tiers(options["tiers"])
-        config = SimConfig(
-            tiers=tiers,
-            tenants=options["tenants"],
-            round_minutes=options["round_minutes"],
-            max_rounds=options["rounds"],
-            divisible=not options["whole_gpus"],
-        )
+        tenants = _tenants(options["tenants"])
         try:
-            config.validate()
             jobs = trace_load(
                 trace,
                 throughputs=throughputs_load(throughputs_path),
                 gpu_types=list(tiers),
-                tenants=config.tenants,
+                tenants="jobs" if tenants == "jobs" else int(tenants),
                 seed=options["seed"],
                 max_jobs=options["max_jobs"],
             )
+            config = SimConfig(
+                tiers=tiers,
+                tenants=len(jobs) if tenants == "jobs" else int(tenants),
+                round_minutes=options["round_minutes"],
+                max_rounds=options["rounds"],
+                job_model=options["job_model"],
+                half_life_hours=options["half_life_hours"],
+            )
+            config.validate()
             results = []
-            for name in policies:
-                self.stderr.write(f"simulating {len(jobs)} jobs under {name} ...")
-                results.append(simulate(jobs, policy=name, config=config))
+            with _native_stdout_to_stderr():
+                for name in policies:
+                    self.stderr.write(f"simulating {len(jobs)} jobs under {name} ...")
+                    results.append(simulate(jobs, policy=name, config=config))
         except SimulationError as exc:
-            raise CommandError(str(exc)) from exc
+            raise _bad(str(exc)) from exc
         summaries = [summarise(r) for r in results]
         out = Path(options["out"] or Path(settings.VAR_DIR) / "simulations" / trace.stem)
+        who = (
+            "one tenant per job"
+            if tenants == "jobs"
+            else f"{config.tenants} tenants (seed {options['seed']})"
+        )
         context = (
             f"{len(jobs)} jobs of {trace.name} ({summaries[0].extrapolated_jobs} with throughput scaled from a "
-            f"smaller measured gang), tiers {options['tiers']}, {config.tenants} tenants (seed {options['seed']}), "
-            f"{config.round_minutes:g}-minute rounds, {'divisible' if config.divisible else 'whole-GPU'} clearing. "
-            f"Machine: {machine()}."
+            f"smaller measured gang, {results[0].shrunk_jobs} gangs larger than any GPU type run on the largest), "
+            f"tiers {options['tiers']}, {who}, {config.round_minutes:g}-minute rounds, "
+            f"{config.job_model} job model. Machine: {machine()}."
         )
         paths = report_write(
             results=results, summaries=summaries, out=out, command=command, context=context
         )
-        self.stdout.write(context + "\n\n" + markdown_table(summaries) + "\n")
+        table = markdown_table(summaries)
+        checks = "\n".join(goals(summaries))
+        if options["format"] == "json":
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "command": command,
+                        "context": context,
+                        "policies": [as_json(s) for s in summaries],
+                        "goals": goals(summaries),
+                    },
+                    indent=2,
+                )
+            )
+            return
+        if options["format"] == "markdown":
+            self.stdout.write(f"{context}\n\nCommand: `{command}`\n\n{table}\n\n{checks}\n")
+            return
+        self.stdout.write(context + "\n\n" + table + "\n\n" + checks + "\n")
         for s in summaries:
             self.stdout.write(
-                f"{s.policy}: {s.rounds} rounds in {s.wall_seconds:.1f} s (solver {s.solve_seconds:.1f} s)"
+                f"{s.policy}: {s.rounds} rounds, {s.plans} plans in {s.wall_seconds:.1f} s "
+                f"(policy {s.solve_seconds:.1f} s)"
             )
         self.stdout.write(f"report: {paths['html']}  table: {paths['markdown']}")
 
@@ -178,19 +273,22 @@ class Command(BaseCommand):
 
         last = options["from_rounds"]
         if last < 1:
-            raise CommandError(f"--from-rounds must be at least 1, got {last}")
+            raise _bad(f"--from-rounds must be at least 1, got {last}")
         if options["policy_version"] is not None:
             version = PolicyVersion.objects.filter(number=options["policy_version"]).first()
             if version is None:
-                raise CommandError(f"there is no policy version v{options['policy_version']}")
+                raise _bad(f"there is no policy version v{options['policy_version']}")
             candidates = [version]
         else:
+            # Baselines plan job traces, not recorded bids: past rounds replay only mechanisms.
             names = [
-                p.strip() for p in options["policy"].split(",") if p.strip() and p.strip() != "fcfs"
+                p.strip()
+                for p in options["policy"].split(",")
+                if p.strip() and p.strip() not in (*BASELINES, "fcfs")
             ]
             unknown = [n for n in names if n not in MECHANISMS]
             if unknown or not names:
-                raise CommandError(
+                raise _bad(
                     f"--from-rounds replays auction mechanisms: {', '.join(MECHANISMS)} (got {options['policy']})"
                 )
             active = policy_active()

@@ -1,0 +1,79 @@
+"""The platform's own mechanisms (welfare, fisher, maxmin) through ``market.clearing.clear``.
+
+Each job bids for its whole gang (quantity = scale GPUs, no minimum) with a limit per GPU
+type proportional to its throughput there; its tenant is the job's tenant, with the
+tenant's weight. Only tenants with a job in the system take part, so an entitlement is a
+share of the tenants contending, as on the platform (a tenant that does not bid in a round
+is not in it). The round is cleared divisibly and the GPUs each job wins, divided by its
+gang size, are its time fractions; the engine realises them into whole gangs the same way
+as for Gavel's policies, so a comparison isolates the allocation policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from market import clearing
+from market.clearing import inputs
+from market.simulator.errors import SimulationError
+from market.simulator.policies.base import Fractions, Plan, View, limit_prices
+
+MILLI = 1000
+
+
+def _instance(view: View) -> inputs.Instance:
+    """The round as the clearing package's instance; money in credits (its unit)."""
+    tenants = sorted({job.tenant for job in view.jobs})
+    return inputs.Instance(
+        tiers=tuple(
+            inputs.Tier(
+                name=t,
+                capacity=int(n),
+                reserve_price=view.reserve.get(t, 0) / MILLI,
+                max_share=view.max_share_pct.get(t, 100) / 100,
+            )
+            for t, n in view.tiers.items()
+        ),
+        # No budget: unlimited for the welfare policy, equal incomes for the Fisher market.
+        tenants=tuple(inputs.Tenant(name=f"t{i}", weight=float(view.weights[i])) for i in tenants),
+        bids=tuple(
+            inputs.Bid(
+                id=f"j{job.id:07d}",
+                tenant=f"t{job.tenant}",
+                quantity=float(job.scale),
+                limits={t: p / MILLI for t, p in limit_prices(job, view.tiers).items()},
+            )
+            for job in view.jobs
+        ),
+    )
+
+
+def mechanism(name: str) -> Callable[[View], Plan]:
+    def plan(view: View) -> Plan:
+        if not view.jobs:
+            return Plan(fractions={}, prices={t: 0.0 for t in view.tiers})
+        try:
+            result: Any = clearing.clear(
+                _instance(view),
+                policy=name,
+                params=dict(view.params) or None,
+                divisible=True,
+            )
+        except clearing.ClearingError as exc:
+            raise SimulationError(f"{name}: the clearing refused a simulated round: {exc}") from exc
+        scale = {job.id: job.scale for job in view.jobs}
+        fractions: Fractions = {}
+        for allocation in result.allocations:
+            job_id = int(allocation.bid[1:])
+            if allocation.gpus > 0:
+                fractions.setdefault(job_id, {})[allocation.tier] = (
+                    float(allocation.gpus) / scale[job_id]
+                )
+        return Plan(
+            fractions=fractions,
+            prices={t: float(p) * MILLI for t, p in result.prices.items()},
+        )
+
+    plan.__name__ = name
+    return plan

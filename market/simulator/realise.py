@@ -1,0 +1,115 @@
+"""From a plan's time fractions to what runs in one round.
+
+Two job models:
+
+- ``gang`` (the schedulers' model, the default): each round a job's whole gang of s GPUs
+  runs on ONE GPU type or not at all, so progress never adds up across types. Gangs are
+  placed the way Gavel's round scheduler places them: every (job, type) with a target
+  fraction X > 0 gets priority X / (fraction of the rounds since the plan was made in which
+  the job ran on that type), a job that has not run there yet coming first; ties go to the
+  larger deficit (time owed, carried across plans), then the larger X. In that order each
+  job not yet placed takes s free GPUs of the type if there are that many. Over many rounds
+  a job thus receives its target share of each type. GPUs still free afterwards go to the
+  unplaced jobs, oldest first, on their fastest type with room (work conservation, as
+  Gavel's scheduler also runs jobs with no allocation when workers are left).
+- ``fluid`` (the relaxation): job m holds X[m, t] x s_m GPUs of every type t at once and
+  advances at sum_t T[m, t] X[m, t]; fractional GPUs, types mixed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from market.simulator.policies import Fractions, Tiers
+from market.simulator.trace import Job
+
+FIRST_TIME = 1e9  # priority multiplier for a (job, type) that has not run since the plan
+
+
+@dataclass
+class Ledger:
+    """What each job has received since the current plan was made, and what it is owed."""
+
+    rounds: int = 0  # rounds realised under the current plan
+    received: dict[int, dict[str, int]] = field(default_factory=dict)  # job -> type -> rounds
+    owed: dict[int, dict[str, float]] = field(default_factory=dict)  # deficit from old plans
+
+    def new_plan(self, old: Fractions) -> None:
+        """Carry each (job, type)'s deficit under the old plan over, then start counting."""
+        for job_id, targets in old.items():
+            got = self.received.get(job_id, {})
+            owed = self.owed.setdefault(job_id, {})
+            for gpu_type in set(targets) | set(got):
+                owed[gpu_type] = (
+                    owed.get(gpu_type, 0.0)
+                    + targets.get(gpu_type, 0.0) * self.rounds
+                    - got.get(gpu_type, 0)
+                )
+        self.rounds = 0
+        self.received = {}
+
+    def deficit(self, job_id: int, gpu_type: str, target: float) -> float:
+        got = self.received.get(job_id, {}).get(gpu_type, 0)
+        return self.owed.get(job_id, {}).get(gpu_type, 0.0) + target * self.rounds - got
+
+    def record(self, placed: dict[int, str]) -> None:
+        self.rounds += 1
+        for job_id, gpu_type in placed.items():
+            per_type = self.received.setdefault(job_id, {})
+            per_type[gpu_type] = per_type.get(gpu_type, 0) + 1
+
+    def forget(self, job_id: int) -> None:
+        self.received.pop(job_id, None)
+        self.owed.pop(job_id, None)
+
+
+def place_gangs(
+    jobs: list[Job], fractions: Fractions, tiers: Tiers, ledger: Ledger
+) -> dict[int, str]:
+    """The GPU type each placed job's whole gang runs on this round (see the module doc)."""
+    entries: list[tuple[float, float, float, float, int, str]] = []
+    for job in jobs:
+        for gpu_type, target in fractions.get(job.id, {}).items():
+            if target <= 0 or job.throughput.get(gpu_type, 0) <= 0:
+                continue
+            got = ledger.received.get(job.id, {}).get(gpu_type, 0)
+            priority = target * ledger.rounds / got if got else target * FIRST_TIME
+            deficit = ledger.deficit(job.id, gpu_type, target)
+            entries.append((-priority, -deficit, -target, job.arrival, job.id, gpu_type))
+    entries.sort()
+    by_id = {job.id: job for job in jobs}
+    free = dict(tiers)
+    placed: dict[int, str] = {}
+    for *_, job_id, gpu_type in entries:
+        scale = by_id[job_id].scale
+        if job_id not in placed and free[gpu_type] >= scale:
+            placed[job_id] = gpu_type
+            free[gpu_type] -= scale
+    for job in jobs:  # already in arrival order: oldest first
+        if job.id in placed or all(n < job.scale for n in free.values()):
+            continue
+        for gpu_type in sorted(tiers, key=lambda t: (-job.throughput[t], t)):
+            if job.throughput[gpu_type] > 0 and free[gpu_type] >= job.scale:
+                placed[job.id] = gpu_type
+                free[gpu_type] -= job.scale
+                break
+    return placed
+
+
+def fluid_gpus(jobs: list[Job], fractions: Fractions, tiers: Tiers) -> dict[int, dict[str, float]]:
+    """GPUs of each type each job holds in the fluid model: X x gang size.
+
+    A solver's answer can overshoot a type by rounding dust; such a type is scaled back to
+    its capacity so that no round ever uses more GPUs than exist.
+    """
+    gpus = {
+        job.id: {t: x * job.scale for t, x in fractions.get(job.id, {}).items() if x > 0}
+        for job in jobs
+    }
+    for gpu_type, capacity in tiers.items():
+        used = sum(g.get(gpu_type, 0.0) for g in gpus.values())
+        if used > capacity:
+            for g in gpus.values():
+                if gpu_type in g:
+                    g[gpu_type] *= capacity / used
+    return gpus
