@@ -56,7 +56,7 @@ def mechanism(name: str) -> Callable[[View], Plan]:
         try:
             result: Any = clearing.clear(
                 _instance(view),
-                policy=name,
+                mechanism=name,
                 params=dict(view.params) or None,
                 divisible=True,
             )
