@@ -44,7 +44,7 @@ from .values import tenant_values
 # 1e-6 relative is far below what one whole GPU changes. At the default 1e-8 the solver
 # stalls near 1e-7 on 100k-bid instances and ends "almost solved".
 CLARABEL_OPTIONS = {"tol_gap_abs": 1e-7, "tol_gap_rel": 1e-6}
-MILP_COLUMNS = 5000  # whole-GPU programs up to this many arcs are solved exactly
+MILP_COLUMNS = 600  # whole-GPU programs up to this many arcs are solved exactly
 LEFTOVER = 1e-6  # a budget-less tenant's weight in the whole-GPU objective, relative
 LOG_GRID = 1.25  # ratio between the utilities whose tangents bound log u in whole-GPU mode
 FEASIBLE = 1e-6  # relative row violation accepted from an "almost solved" conic result

@@ -34,7 +34,7 @@ from .rounding import round_whole
 from .rules import EPS, Market, Outcome, guarantees, open_market
 from .values import tenant_values
 
-MILP_COLUMNS = 5000  # whole-GPU programs up to this many arcs are solved exactly
+MILP_COLUMNS = 600  # whole-GPU programs up to this many arcs are solved exactly
 
 
 def _stages(

@@ -26,7 +26,10 @@ from .colgen import solve_welfare
 from .metrics import value_matrix
 from .prices import least_duals, minimal_prices
 from .program import guarantee_rows, market_program
+from .rounding import round_whole
 from .rules import EPS, Market, OpenMarket, Outcome, guarantees, open_market
+
+MILP_COLUMNS = 600  # smaller whole-GPU programs with a binding guarantee are solved exactly
 
 
 def _without(om: OpenMarket, fixed: np.ndarray, market: Market) -> OpenMarket:
@@ -111,6 +114,20 @@ def _divisible_bids(
     prices = least_duals(om, sk.cols, x_lp, target=target, arc_value=a.arc_price, market=market)
     if market.divisible or np.abs(x_lp - np.rint(x_lp)).max(initial=0.0) <= 1e-6:
         return (x_lp if market.divisible else np.rint(x_lp)), prices, seconds, 0.0, False
+    # A vertex with binding guarantee rows has few fractional arcs: rounding them, deficits
+    # first, usually keeps every guarantee; only when it does not is the MILP solved.
+    rounded = round_whole(
+        om,
+        x=x_lp,
+        arc_tenant=a.arc_tenant,
+        arc_value=a.arc_price,
+        guarantee=target,
+        priority=lambda u: np.zeros(a.n_tenants),
+        gang_min=np.zeros(a.n_bids),
+    )
+    got = np.bincount(a.arc_tenant, weights=a.arc_price * rounded, minlength=a.n_tenants)
+    if np.all(got >= target - 1e-7 * (1.0 + np.abs(target))) and sk.cols.size > MILP_COLUMNS:
+        return rounded, prices, seconds, float(om.arc_price @ (x_lp - rounded)), False
     whole = sk.program.maximise(objective, time_limit=time_limit)
     seconds += whole.seconds
     if whole.status == "no_solution":

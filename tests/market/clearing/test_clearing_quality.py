@@ -173,6 +173,10 @@ def test_welfare_with_reserves_trades_on_surplus_not_on_limits():
     assert [(a.tier, a.gpus) for a in r.allocations] == [("t1", 1)]
     assert r.charges == {"b": 0.0}
     assert r.prices == {"t0": 8.0, "t1": 0.0}
+    # Hiding t0 gains nothing: truthful bidding already gets the best payoff, 9 - 0.
+    liar = Instance(inst.tiers, inst.tenants, (Bid("b", "a", 1, {"t1": 9}),))
+    told = clear(liar)
+    assert 9 - told.charges["b"] <= 9 - r.charges["b"]
 
 
 # Three GPUs, three tenants: before, the GPUs freed by flooring went to the largest

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import defaultdict
 
 import cvxpy as cp
 import numpy as np
@@ -157,3 +158,72 @@ def test_column_generation_matches_linprog_on_a_larger_instance():
     )
     inst = Instance(tiers=tiers, tenants=tenants, bids=bids)
     assert surplus(inst, clear(inst)) == pytest.approx(linprog_welfare(inst), rel=1e-9)
+
+
+@st.composite
+def unit_demand(draw) -> Instance:
+    """Bidders wanting one GPU each, with reserves, no weights: the assignment market."""
+    n_tiers = draw(st.integers(1, 3))
+    tiers = tuple(
+        Tier(f"t{i}", draw(st.integers(0, 3)), reserve_price=draw(st.integers(0, 6)))
+        for i in range(n_tiers)
+    )
+    n_bids = draw(st.integers(1, 5))
+    return Instance(
+        tiers=tiers,
+        tenants=tuple(Tenant(f"n{b}", weight=0) for b in range(n_bids)),
+        bids=tuple(
+            Bid(
+                f"b{b}",
+                f"n{b}",
+                1,
+                {t.name: draw(st.integers(0, 15)) for t in tiers if draw(st.booleans())}
+                or {tiers[0].name: draw(st.integers(0, 15))},
+            )
+            for b in range(n_bids)
+        ),
+    )
+
+
+def payoff(inst: Instance, result, bid: str, true_limits: dict[str, float]) -> float:
+    """The bidder's true value of what it won minus what it pays."""
+    won = [a for a in result.allocations if a.bid == bid]
+    return sum(a.gpus * true_limits[a.tier] for a in won) - result.charges.get(bid, 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(inst=unit_demand())
+def test_welfare_prices_with_reserves_are_a_competitive_equilibrium(inst):
+    r = clear(inst)
+    reserve = {t.name: t.reserve_price for t in inst.tiers}
+    sold: dict[str, float] = defaultdict(float)
+    for a in r.allocations:
+        sold[a.tier] += a.gpus
+    for bid in inst.bids:
+        surplus = {t: p - r.prices[t] for t, p in bid.limits.items()}
+        best = max(max(surplus.values()), 0.0)
+        won = [a.tier for a in r.allocations if a.bid == bid.id]
+        if won:  # a winner holds a tier that is best for it at the prices
+            assert surplus[won[0]] >= best - 1e-9
+        else:  # a loser wants nothing at the prices, or everything it wants is sold out
+            assert all(
+                s <= 1e-9 or sold[t] >= next(x.capacity for x in inst.tiers if x.name == t)
+                for t, s in surplus.items()
+            )
+    for t in inst.tiers:  # unsold capacity is priced at the reserve
+        if sold[t.name] < t.capacity:
+            assert r.prices[t.name] == pytest.approx(reserve[t.name])
+
+
+@settings(max_examples=60, deadline=None)
+@given(inst=unit_demand(), data=st.data())
+def test_a_unit_demand_bidder_never_gains_by_misreporting(inst, data):
+    who = data.draw(st.sampled_from(inst.bids))
+    lie = {t: data.draw(st.integers(0, 15)) for t in who.limits}
+    truthful = payoff(inst, clear(inst), who.id, who.limits)
+    other = Instance(
+        tiers=inst.tiers,
+        tenants=inst.tenants,
+        bids=tuple(Bid(b.id, b.tenant, 1, lie) if b.id == who.id else b for b in inst.bids),
+    )
+    assert payoff(other, clear(other), who.id, who.limits) <= truthful + 1e-9
