@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import highspy
 import numpy as np
 import scipy.sparse as sp
 
+from market.clearing import ClearingError, highs
 from market.simulator.errors import SimulationError
 from market.simulator.policies.base import Fractions, Tiers
 from market.simulator.trace import Job
@@ -79,25 +79,18 @@ def maximise(
     col_hi: np.ndarray,
     what: str,
 ) -> np.ndarray:
-    """Maximise cost @ x subject to row_lo <= matrix @ x <= row_hi, 0 <= x <= col_hi."""
-    a = sp.csc_matrix(matrix)
-    lp = highspy.HighsLp()
-    lp.num_row_, lp.num_col_ = a.shape
-    lp.sense_ = highspy.ObjSense.kMaximize
-    lp.col_cost_ = np.asarray(cost, dtype=float)
-    lp.col_lower_ = np.zeros(a.shape[1])
-    lp.col_upper_ = np.asarray(col_hi, dtype=float)
-    lp.row_lower_ = np.asarray(row_lo, dtype=float)
-    lp.row_upper_ = np.asarray(row_hi, dtype=float)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = a.indptr
-    lp.a_matrix_.index_ = a.indices
-    lp.a_matrix_.value_ = a.data
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.passModel(lp)
-    h.run()
-    status = h.getModelStatus()
-    if status != highspy.HighsModelStatus.kOptimal:
-        raise SimulationError(f"{what}: HiGHS stopped with {h.modelStatusToString(status)!r}")
-    return np.array(h.getSolution().col_value)
+    """Maximise cost @ x subject to row_lo <= matrix @ x <= row_hi, 0 <= x <= col_hi, through
+    the clearing package's one door to HiGHS."""
+    try:
+        sol = highs.solve(
+            cost=cost,
+            matrix=matrix,
+            row_lo=row_lo,
+            row_hi=row_hi,
+            col_lo=np.zeros(matrix.shape[1]),
+            col_hi=col_hi,
+            what=what,
+        )
+    except ClearingError as exc:
+        raise SimulationError(str(exc)) from exc
+    return sol.x
