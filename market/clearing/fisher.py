@@ -230,7 +230,7 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
         values=values,
         arc_value=v,
         guarantee=g,
-        fair=guarantees(market, v, fractional=True),
+        fair=g if market.divisible else guarantees(market, v, fractional=True),
         budget_cap=np.where(np.isnan(a.budget), np.inf, a.budget),
     )
 

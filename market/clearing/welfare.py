@@ -18,6 +18,7 @@ A price is r_t + dual; a winner pays min(price, limit).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -25,27 +26,16 @@ import numpy as np
 from .colgen import solve_welfare
 from .metrics import value_matrix
 from .prices import least_duals, minimal_prices
-from .program import guarantee_rows, market_program
-from .rounding import round_whole
-from .rules import EPS, Market, OpenMarket, Outcome, guarantees, open_market
+from .program import guarantee_rows, market_program, residual
+from .rules import EPS, Market, OpenMarket, Outcome, guarantee_bundles, guarantees, open_market
 
 MILP_COLUMNS = 600  # smaller whole-GPU programs with a binding guarantee are solved exactly
 
 
 def _without(om: OpenMarket, fixed: np.ndarray, market: Market) -> OpenMarket:
     """The divisible bids' market once the gang allocation is fixed."""
-    c = om.arc_capped >= 0
-    return OpenMarket(
-        arc_bid=om.arc_bid,
-        arc_tier=om.arc_tier,
-        arc_capped=om.arc_capped,
-        arc_price=om.arc_price,
-        bid_room=np.where(market.is_gang, 0.0, om.bid_room),
-        group_room=om.group_room
-        - np.bincount(om.arc_capped[c], weights=fixed[c], minlength=om.group_room.size),
-        tier_room=om.tier_room
-        - np.bincount(om.arc_tier, weights=fixed, minlength=om.tier_room.size),
-    )
+    rest = residual(om, fixed)
+    return replace(rest, bid_room=np.where(market.is_gang, 0.0, om.bid_room))
 
 
 def welfare(market: Market, params: Mapping[str, Any]) -> Outcome:
@@ -53,7 +43,7 @@ def welfare(market: Market, params: Mapping[str, Any]) -> Outcome:
     N = a.n_tenants
     time_limit = float(params["time_limit"])
     surplus = a.arc_price - a.reserve[a.arc_tier]
-    g = guarantees(market, a.arc_price)
+    g, bundle = guarantee_bundles(market, a.arc_price)
     full = open_market(market, arc_price=surplus)
     held = np.bincount(a.arc_tenant, weights=a.arc_price * market.floor_x, minlength=N)
     status, seconds = "optimal", 0.0
@@ -71,7 +61,7 @@ def welfare(market: Market, params: Mapping[str, Any]) -> Outcome:
             fixed[sk.cols] = np.where(market.is_gang[a.arc_bid[sk.cols]], x, 0.0)
     held += np.bincount(a.arc_tenant, weights=a.arc_price * fixed, minlength=N)
     om = _without(full, fixed, market)
-    x, prices, more, loss, fell_back = _divisible_bids(market, om, g - held, time_limit)
+    x, prices, more, loss, fell_back = _divisible_bids(market, om, g - held, bundle, time_limit)
     seconds += more
     if fell_back:
         status = "fallback"
@@ -86,12 +76,12 @@ def welfare(market: Market, params: Mapping[str, Any]) -> Outcome:
         values=value_matrix(market),
         arc_value=a.arc_price,
         guarantee=g,
-        fair=guarantees(market, a.arc_price, fractional=True),
+        fair=g if market.divisible else guarantees(market, a.arc_price, fractional=True),
     )
 
 
 def _divisible_bids(
-    market: Market, om: OpenMarket, target: np.ndarray, time_limit: float
+    market: Market, om: OpenMarket, target: np.ndarray, bundle: np.ndarray, time_limit: float
 ) -> tuple[np.ndarray, np.ndarray, float, float, bool]:
     """GPUs per arc, tier prices over the reserve, solver seconds, rounding loss, fallback."""
     a = market.arrays
@@ -114,20 +104,14 @@ def _divisible_bids(
     prices = least_duals(om, sk.cols, x_lp, target=target, arc_value=a.arc_price, market=market)
     if market.divisible or np.abs(x_lp - np.rint(x_lp)).max(initial=0.0) <= 1e-6:
         return (x_lp if market.divisible else np.rint(x_lp)), prices, seconds, 0.0, False
-    # A vertex with binding guarantee rows has few fractional arcs: rounding them, deficits
-    # first, usually keeps every guarantee; only when it does not is the MILP solved.
-    rounded = round_whole(
-        om,
-        x=x_lp,
-        arc_tenant=a.arc_tenant,
-        arc_value=a.arc_price,
-        guarantee=target,
-        priority=lambda u: np.zeros(a.n_tenants),
-        gang_min=np.zeros(a.n_bids),
-    )
-    got = np.bincount(a.arc_tenant, weights=a.arc_price * rounded, minlength=a.n_tenants)
-    if np.all(got >= target - 1e-7 * (1.0 + np.abs(target))) and sk.cols.size > MILP_COLUMNS:
-        return rounded, prices, seconds, float(om.arc_price @ (x_lp - rounded)), False
+    if sk.cols.size > MILP_COLUMNS:
+        # Too large for the MILP within a round: the tenants whose guarantee binds get their
+        # guarantee bundles (whole by construction, feasible together), the rest of the
+        # market is cleared exactly around them, and a tenant that then falls short joins.
+        held = _bundles_first(market, om, bundle, target, first.x)
+        if held is not None:
+            x, more = held
+            return x, prices, seconds + more, float(om.arc_price @ (x_lp - x)), False
     whole = sk.program.maximise(objective, time_limit=time_limit)
     seconds += whole.seconds
     if whole.status == "no_solution":
@@ -136,3 +120,30 @@ def _divisible_bids(
     x = np.zeros(a.arc_bid.size)
     x[sk.cols] = np.rint(whole["x"])
     return x, prices, seconds, float(om.arc_price @ (x_lp - x)), False
+
+
+def _bundles_first(
+    market: Market, om: OpenMarket, bundle: np.ndarray, target: np.ndarray, x0: np.ndarray
+) -> tuple[np.ndarray, float] | None:
+    """Whole GPUs per arc and solver seconds, or None when the bundles do not fit (gang bids
+    fixed earlier hold their GPUs)."""
+    a = market.arrays
+    N = a.n_tenants
+    tol = 1e-7 * (1.0 + np.abs(target))
+    utility = np.bincount(a.arc_tenant, weights=a.arc_price * x0, minlength=N)
+    need = utility < target - tol
+    seconds = 0.0
+    for _ in range(N):
+        fixed = np.where(need[a.arc_tenant], bundle, 0.0)
+        rest = residual(om, fixed)
+        if min(rest.tier_room.min(initial=0.0), rest.group_room.min(initial=0.0)) < -EPS:
+            return None
+        sol = solve_welfare(replace(rest, tier_room=np.maximum(rest.tier_room, 0.0)))
+        seconds += sol.seconds
+        x = fixed + np.rint(sol.x)
+        utility = np.bincount(a.arc_tenant, weights=a.arc_price * x, minlength=N)
+        short = (utility < target - tol) & ~need
+        if not short.any():
+            return x, seconds
+        need |= short
+    return None

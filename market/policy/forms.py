@@ -36,7 +36,11 @@ class PolicyVersionForm(forms.Form):
         required=False,
         widget=forms.Textarea(attrs={"rows": 3}),
         label="Mechanism parameters (JSON)",
-        help_text='A JSON object passed to the solver, e.g. {"fairness_floor": true}; empty for none.',
+        help_text=(
+            'A JSON object: the mechanism\'s parameters, e.g. {"time_limit": 5}, and optional '
+            'reserved quotas set aside before it runs: {"reserved_quotas": "by_weight"} or '
+            '{"reserved_quotas": {"tenant-slug": {"tier-slug": GPUs}}}; empty for none.'
+        ),
     )
     round_minutes = forms.IntegerField(
         min_value=1, max_value=MAX_ROUND_MINUTES, label="Round length (minutes)"

@@ -298,3 +298,39 @@ def test_quotas_must_name_known_tenants_and_tiers():
         Instance((Tier("a", 1),), (Tenant("x"),), (), quotas={"nobody": {"a": 1}})
     with pytest.raises(ClearingError, match=r"quotas: 'equal' is not a setting"):
         Instance((Tier("a", 1),), (Tenant("x"),), (), quotas="equal")
+
+
+def test_large_whole_gpu_welfare_holds_every_guarantee_without_the_milp():
+    # 300 bids x 3 tiers is above the MILP size: tenants whose guarantee binds get their
+    # guarantee bundles and the rest is cleared exactly around them.
+    rng = np.random.default_rng(3)
+    tiers = tuple(Tier(f"t{i}", 40) for i in range(3))
+    inst = Instance(
+        tiers=tiers,
+        tenants=tuple(Tenant(f"n{i:03d}") for i in range(15)),
+        bids=tuple(
+            Bid(
+                f"b{k:03d}",
+                f"n{k % 15:03d}",
+                int(rng.integers(1, 4)),
+                # A third of the tenants bid low everywhere: only the guarantee serves them.
+                {
+                    t.name: float(rng.integers(1, 5) if k % 3 == 0 else rng.integers(20, 50))
+                    for t in tiers
+                },
+            )
+            for k in range(300)
+        ),
+    )
+    r = clear(inst)
+    assert r.diagnostics["guarantees_unmet"] == 0
+    assert r.diagnostics["status"] == "optimal"
+    used = defaultdict(int)
+    for a in r.allocations:
+        used[a.tier] += a.gpus
+    assert all(used[t.name] <= t.capacity for t in tiers)
+    weightless = clear(
+        Instance(tiers, tuple(Tenant(t.name, weight=0) for t in inst.tenants), inst.bids)
+    )
+    assert weightless.diagnostics["guarantees_unmet"] == 0  # weight 0: nothing owed
+    assert weightless.diagnostics["welfare"] > r.diagnostics["welfare"]  # the guarantee costs
