@@ -42,7 +42,13 @@ def throughputs() -> np.ndarray:
 
 
 def instance(
-    tenants: int, bids: int, tiers: int, *, seed: int = 0, gang_share: float = 0.0
+    tenants: int,
+    bids: int,
+    tiers: int,
+    *,
+    seed: int = 0,
+    gang_share: float = 0.0,
+    weight: float = 1.0,
 ) -> Instance:
     rng = np.random.default_rng(seed)
     speed = throughputs()
@@ -80,7 +86,7 @@ def instance(
                 min_quantity=int(quantity[b]) if gang else 0,
             )
         )
-    tenant_list = tuple(Tenant(name=f"n{i:05d}") for i in range(tenants))
+    tenant_list = tuple(Tenant(name=f"n{i:05d}", weight=weight) for i in range(tenants))
     return Instance(tiers=tier_list, tenants=tenant_list, bids=tuple(bid_list))
 
 
@@ -164,6 +170,9 @@ def main() -> None:
     )
     parser.add_argument("--gang-share", type=float, default=0.0, help="fraction of gang bids")
     parser.add_argument(
+        "--weight", type=float, default=1.0, help="every tenant's weight (0: no guarantee)"
+    )
+    parser.add_argument(
         "--time-limit", type=float, default=10.0, help="params.time_limit for welfare/maxmin, s"
     )
     args = parser.parse_args()
@@ -185,7 +194,7 @@ def main() -> None:
         f"{'round':>7} {'total':>7} {'bare':>8} {'ratio':>6}  status"
     )
     for tenants, bids, tiers in sizes:
-        inst = instance(tenants, bids, tiers, gang_share=args.gang_share)
+        inst = instance(tenants, bids, tiers, gang_share=args.gang_share, weight=args.weight)
         for policy in args.policies.split(","):
             if policy != "welfare" and bids > args.max_fair_bids:
                 print(f"{policy:8} {tenants:7} {bids:7} {tiers:5}  skipped (> --max-fair-bids)")

@@ -6,9 +6,12 @@ s.t. the market's constraints (program.py)
 
 Without gang bids and with the guarantees slack at the unconstrained optimum (the usual case),
 this is a network LP with integral vertices, solved by column generation (colgen.py), and the
-prices are the least competitive-equilibrium prices on its residual network (prices.py). When
-a guarantee binds, the full program is solved (mixed-integer for whole GPUs) and the prices
-are the least capacity duals of its LP relaxation on the optimal face (prices.least_duals).
+prices are the least competitive-equilibrium prices on its residual network (prices.py).
+When a guarantee binds: up to EXACT_COLUMNS arcs the full program is solved (its LP
+relaxation, then mixed-integer for whole GPUs) and the prices are the least capacity duals
+of the relaxation on the optimal face (prices.least_duals); above that, the tenants whose
+guarantee binds get their guarantee bundles and the rest of the market is cleared by column
+generation around them, priced by its own least equilibrium prices.
 Gang bids make the first solve mixed-integer; once they are fixed the divisible bids are
 solved again as above, so that their prices exist. A time limit with no incumbent drops the
 gang bids (status "fallback"), which keeps every hard constraint.
@@ -29,7 +32,7 @@ from .prices import least_duals, minimal_prices
 from .program import guarantee_rows, market_program, residual
 from .rules import EPS, Market, OpenMarket, Outcome, guarantee_bundles, guarantees, open_market
 
-MILP_COLUMNS = 600  # smaller whole-GPU programs with a binding guarantee are solved exactly
+EXACT_COLUMNS = 600  # programs with a binding guarantee up to this many arcs are solved exactly
 
 
 def _without(om: OpenMarket, fixed: np.ndarray, market: Market) -> OpenMarket:
@@ -83,7 +86,7 @@ def welfare(market: Market, params: Mapping[str, Any]) -> Outcome:
 def _divisible_bids(
     market: Market, om: OpenMarket, target: np.ndarray, bundle: np.ndarray, time_limit: float
 ) -> tuple[np.ndarray, np.ndarray, float, float, bool]:
-    """GPUs per arc, tier prices over the reserve, solver seconds, rounding loss, fallback."""
+    """GPUs per arc, tier prices over the reserve, solver seconds, guarantee loss, fallback."""
     a = market.arrays
     first = solve_welfare(om)
     x, seconds = first.x, first.seconds
@@ -93,25 +96,27 @@ def _divisible_bids(
     if met and integral:
         x = x if market.divisible else np.rint(x)
         return x, minimal_prices(om, x), seconds, 0.0, False
+    if np.count_nonzero(om.bid_room[om.arc_bid] > EPS) > EXACT_COLUMNS:
+        # Too large for the exact program within a round (a direct LP of 100k bids takes
+        # minutes): the tenants whose guarantee binds get their guarantee bundles, feasible
+        # together and whole in whole-GPU mode, and the rest of the market is cleared by
+        # column generation around them; a tenant that then falls short joins them.
+        held = _bundles_first(market, om, bundle, target, x)
+        if held is not None:
+            x, prices, more = held
+            loss = float(om.arc_price @ (first.x - x))
+            return x, prices, seconds + more, loss, False
 
     sk = market_program(market, om, what="welfare problem", gangs=False)
     guarantee_rows(sk, market, a.arc_price, target)
     objective = [(sk.x, om.arc_price[sk.cols])]
-    relaxed = sk.program.maximise(objective, relax=True)
+    relaxed = sk.program.maximise(objective, relax=True, time_limit=time_limit)
     seconds += relaxed.seconds
     x_lp = np.zeros(a.arc_bid.size)
     x_lp[sk.cols] = np.clip(relaxed["x"], 0.0, None)
     prices = least_duals(om, sk.cols, x_lp, target=target, arc_value=a.arc_price, market=market)
     if market.divisible or np.abs(x_lp - np.rint(x_lp)).max(initial=0.0) <= 1e-6:
         return (x_lp if market.divisible else np.rint(x_lp)), prices, seconds, 0.0, False
-    if sk.cols.size > MILP_COLUMNS:
-        # Too large for the MILP within a round: the tenants whose guarantee binds get their
-        # guarantee bundles (whole by construction, feasible together), the rest of the
-        # market is cleared exactly around them, and a tenant that then falls short joins.
-        held = _bundles_first(market, om, bundle, target, first.x)
-        if held is not None:
-            x, more = held
-            return x, prices, seconds + more, float(om.arc_price @ (x_lp - x)), False
     whole = sk.program.maximise(objective, time_limit=time_limit)
     seconds += whole.seconds
     if whole.status == "no_solution":
@@ -124,8 +129,9 @@ def _divisible_bids(
 
 def _bundles_first(
     market: Market, om: OpenMarket, bundle: np.ndarray, target: np.ndarray, x0: np.ndarray
-) -> tuple[np.ndarray, float] | None:
-    """Whole GPUs per arc and solver seconds, or None when the bundles do not fit (gang bids
+) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """GPUs per arc, prices over the reserve (the least equilibrium prices of the market left
+    around the bundles) and solver seconds; None when the bundles do not fit (gang bids
     fixed earlier hold their GPUs)."""
     a = market.arrays
     N = a.n_tenants
@@ -138,12 +144,14 @@ def _bundles_first(
         rest = residual(om, fixed)
         if min(rest.tier_room.min(initial=0.0), rest.group_room.min(initial=0.0)) < -EPS:
             return None
-        sol = solve_welfare(replace(rest, tier_room=np.maximum(rest.tier_room, 0.0)))
+        rest = replace(rest, tier_room=np.maximum(rest.tier_room, 0.0))
+        sol = solve_welfare(rest)
         seconds += sol.seconds
-        x = fixed + np.rint(sol.x)
+        free = sol.x if market.divisible else np.rint(sol.x)
+        x = fixed + free
         utility = np.bincount(a.arc_tenant, weights=a.arc_price * x, minlength=N)
         short = (utility < target - tol) & ~need
         if not short.any():
-            return x, seconds
+            return x, minimal_prices(rest, free), seconds
         need |= short
     return None
