@@ -1,7 +1,7 @@
 """Fisher market: Eisenberg-Gale proportional fairness with budgets, under the guarantee.
 
 max  sum_i B_i log u_i,  u_i = h_i + sum_{e of i} v_e x_e   (h_i: value of a reserved quota)
-s.t. the market's constraints, and u_i >= g_i (the guarantee, rules.guarantees)
+s.t. the market's constraints, and u_i >= g_i (the guarantee, guarantee.guarantees)
 
 B_i is the tenant's budget where one is set (credits per hour); otherwise the market's money,
 M = what every bid could pay at most, shared in proportion to the weights. A tenant with
@@ -35,9 +35,10 @@ import scipy.sparse as sp
 
 from . import lp
 from .errors import SolverError
+from .guarantee import guarantees
 from .program import guarantee_rows, market_program, residual, utility_rows
 from .rounding import round_whole
-from .rules import EPS, Market, OpenMarket, Outcome, guarantees, open_market
+from .rules import EPS, Market, OpenMarket, Outcome, open_market
 from .values import tenant_values
 
 # The objective is a budget-weighted mean of logs (weights sum to 1), so a duality gap of

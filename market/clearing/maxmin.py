@@ -1,6 +1,6 @@
 """Weighted max-min fairness of normalised shares, then a Pareto fill.
 
-e_i: the value to tenant i of its weighted equal split (rules.guarantees, fractional shares),
+e_i: the value to tenant i of its weighted equal split (guarantee.guarantees, fractional shares),
 g_i: its guarantee (the same, shares floored to whole GPUs in whole-GPU mode). u_i = sum of
 v_e x_e over its arcs, v from the tenant values (values.tenant_values).
 
@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from .guarantee import guarantees
 from .program import Skeleton, guarantee_rows, market_program, utility_rows
 from .rounding import round_whole
-from .rules import EPS, Market, Outcome, guarantees, open_market
+from .rules import EPS, Market, Outcome, open_market
 from .values import tenant_values
 
 MILP_COLUMNS = 600  # whole-GPU programs up to this many arcs are solved exactly

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import lp
 from .inputs import Arrays
 
 EPS = 1e-9
@@ -165,59 +164,6 @@ def weight_quotas(arrays: Arrays, *, divisible: bool) -> dict[tuple[int, int], f
         for i, t, s in zip(tenant.tolist(), tier.tolist(), share.tolist(), strict=True)
         if s > 0
     }
-
-
-def guarantees(market: Market, arc_value: np.ndarray, *, fractional: bool = False) -> np.ndarray:
-    """g_i (N,): see ``guarantee_bundles``."""
-    return guarantee_bundles(market, arc_value, fractional=fractional)[0]
-
-
-def guarantee_bundles(
-    market: Market, arc_value: np.ndarray, *, fractional: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    """(g (N,), y (E,)): the value, in ``arc_value`` units, each tenant is guaranteed, and the
-    bundle that achieves it (GPUs per arc, whole in whole-GPU mode); shares are
-    floored to whole GPUs in whole-GPU mode unless ``fractional`` (a normaliser, not a
-    constraint).
-
-    With reserved quotas, the value of the tenant's quota. Otherwise the best bundle within
-    the tenant's entitled shares and its non-gang demand: a transport problem per tenant,
-    solved greedily for tenants with one such bid and as one LP for the others.
-    """
-    a = market.arrays
-    N = a.n_tenants
-    if market.quotas_set:
-        held = np.bincount(a.arc_tenant, weights=arc_value * market.floor_x, minlength=N)
-        return held, market.floor_x.copy()
-    share = whole(market.group_share, market.divisible or fractional)
-    ok = ~market.is_gang[a.arc_bid] & (arc_value > 0) & (share[market.arc_group] > 0)
-    eligible = np.flatnonzero(ok)
-    bids_of = np.bincount(np.unique(a.arc_bid[eligible]).astype(np.int64), minlength=a.n_bids)
-    per_tenant = np.bincount(a.bid_tenant, weights=bids_of, minlength=N)
-    single = per_tenant[a.arc_tenant[eligible]] == 1
-    g = np.zeros(N)
-    y = np.zeros(a.arc_bid.size)
-
-    one = eligible[single]
-    one = one[np.lexsort((-arc_value[one], a.arc_bid[one]))]
-    take = fill_in_order(a.arc_bid[one], a.quantity[a.arc_bid[one]], share[market.arc_group[one]])
-    np.add.at(g, a.arc_tenant[one], arc_value[one] * take)
-    y[one] = take
-
-    many = eligible[~single]
-    if many.size:
-        bids, b_row = np.unique(a.arc_bid[many], return_inverse=True)
-        groups, g_row = np.unique(market.arc_group[many], return_inverse=True)
-        p = lp.Program("guarantee problem")
-        block = p.variables("y", many.size)
-        p.constrain("bid", [(block, lp.incidence(b_row, bids.size))], hi=a.quantity[bids])
-        p.constrain("share", [(block, lp.incidence(g_row, groups.size))], hi=share[groups])
-        sol = p.maximise([(block, arc_value[many])])
-        y[many] = np.clip(sol["y"], 0.0, None)
-        if not (market.divisible or fractional):
-            y[many] = np.rint(y[many])  # a network LP: its vertex is whole
-        np.add.at(g, a.arc_tenant[many], arc_value[many] * y[many])
-    return g, y
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 
 from .colgen import solve_welfare
+from .guarantee import guarantee_bundles, guarantees
 from .metrics import value_matrix
 from .prices import least_duals, minimal_prices
 from .program import guarantee_rows, market_program, residual
-from .rules import EPS, Market, OpenMarket, Outcome, guarantee_bundles, guarantees, open_market
+from .rules import EPS, Market, OpenMarket, Outcome, open_market
 
 EXACT_COLUMNS = 600  # programs with a binding guarantee up to this many arcs are solved exactly
 

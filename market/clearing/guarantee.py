@@ -1,0 +1,86 @@
+"""The guarantee (sharing incentive) of every tenant: its value and the bundle that gives it.
+
+A tenant with weight w_i > 0 is entitled to w_i / W of every tier (W: the weights of the
+tenants bidding this round), within its share caps. Its guarantee is the value, in the given
+per-arc values, of its best bundle within those shares and its non-gang demand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import lp
+from .rules import Market, fill_in_order, whole
+
+CHUNK_ARCS = 1500  # arcs per transport LP
+
+
+def guarantees(market: Market, arc_value: np.ndarray, *, fractional: bool = False) -> np.ndarray:
+    """g_i (N,): see ``guarantee_bundles``."""
+    return guarantee_bundles(market, arc_value, fractional=fractional)[0]
+
+
+def guarantee_bundles(
+    market: Market, arc_value: np.ndarray, *, fractional: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """(g (N,), y (E,)): the value, in ``arc_value`` units, each tenant is guaranteed, and the
+    bundle that achieves it (GPUs per arc, whole in whole-GPU mode); shares are
+    floored to whole GPUs in whole-GPU mode unless ``fractional`` (a normaliser, not a
+    constraint).
+
+    With reserved quotas, the value of the tenant's quota. Otherwise the best bundle within
+    the tenant's entitled shares and its non-gang demand: a transport problem per tenant,
+    solved greedily for tenants with one such bid and as one LP for the others.
+    """
+    a = market.arrays
+    N = a.n_tenants
+    if market.quotas_set:
+        held = np.bincount(a.arc_tenant, weights=arc_value * market.floor_x, minlength=N)
+        return held, market.floor_x.copy()
+    share = whole(market.group_share, market.divisible or fractional)
+    ok = ~market.is_gang[a.arc_bid] & (arc_value > 0) & (share[market.arc_group] > 0)
+    eligible = np.flatnonzero(ok)
+    bids_of = np.bincount(np.unique(a.arc_bid[eligible]).astype(np.int64), minlength=a.n_bids)
+    per_tenant = np.bincount(a.bid_tenant, weights=bids_of, minlength=N)
+    single = per_tenant[a.arc_tenant[eligible]] == 1
+    g = np.zeros(N)
+    y = np.zeros(a.arc_bid.size)
+
+    one = eligible[single]
+    one = one[np.lexsort((-arc_value[one], a.arc_bid[one]))]
+    take = fill_in_order(a.arc_bid[one], a.quantity[a.arc_bid[one]], share[market.arc_group[one]])
+    np.add.at(g, a.arc_tenant[one], arc_value[one] * take)
+    y[one] = take
+
+    many = eligible[~single]
+    if many.size:
+        # The tenants' transport problems are independent: a few thousand arcs per LP keep
+        # each one small, where the simplex method is fast (one LP of 300k arcs is not).
+        for part in _chunks(many, a.arc_tenant[many]):
+            y[part] = _transport(market, part, arc_value, share)
+        if not (market.divisible or fractional):
+            y[many] = np.rint(y[many])  # each LP is a network: its vertex is whole
+        np.add.at(g, a.arc_tenant[many], arc_value[many] * y[many])
+    return g, y
+
+
+def _chunks(arcs: np.ndarray, tenant_of: np.ndarray) -> list[np.ndarray]:
+    """``arcs`` (sorted by bid, so tenants interleave) in groups of whole tenants of about
+    CHUNK_ARCS arcs each."""
+    order = np.argsort(tenant_of, kind="stable")
+    arcs, tenant_of = arcs[order], tenant_of[order]
+    starts = np.flatnonzero(np.r_[True, tenant_of[1:] != tenant_of[:-1]])
+    bounds = starts[np.searchsorted(starts, np.arange(CHUNK_ARCS, arcs.size, CHUNK_ARCS))]
+    return [np.sort(part) for part in np.split(arcs, np.unique(bounds)) if part.size]
+
+
+def _transport(market: Market, arcs: np.ndarray, arc_value: np.ndarray, share: np.ndarray):
+    """Best bundle (GPUs per arc of ``arcs``) of each tenant within its shares and bids."""
+    a = market.arrays
+    bids, b_row = np.unique(a.arc_bid[arcs], return_inverse=True)
+    groups, g_row = np.unique(market.arc_group[arcs], return_inverse=True)
+    p = lp.Program("guarantee problem")
+    y = p.variables("y", arcs.size)
+    p.constrain("bid", [(y, lp.incidence(b_row, bids.size))], hi=a.quantity[bids])
+    p.constrain("share", [(y, lp.incidence(g_row, groups.size))], hi=share[groups])
+    return np.clip(p.maximise([(y, arc_value[arcs])])["y"], 0.0, None)
