@@ -13,7 +13,8 @@ from scipy.optimize import linprog
 
 from market.clearing import MECHANISMS, Bid, ClearingError, Instance, Tenant, Tier, clear
 
-GAVEL = Path(__file__).resolve().parents[4] / "shared" / "data" / "gavel"
+# The Gavel throughputs (k80/p100/v100 entries of shared/data/gavel, kept with the tests).
+GAVEL = Path(__file__).resolve().parents[2] / "simulator" / "data"
 GPU_TYPES = ("k80", "p100", "v100")
 
 
