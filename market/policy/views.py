@@ -21,8 +21,9 @@ from market.policy.forms import PolicyVersionForm, ReplayForm, VoidForm
 from market.policy.guardrails import GUARDRAIL_FIELDS
 from market.policy.replay import rounds_replay
 from market.policy.selectors import policy_alerts, shadow_comparison, versions_list
-from market.selectors import rounds_recent
+from market.selectors import policy_active_get, rounds_recent
 from market.services.policy import (
+    DEFAULT_ROUND_MINUTES,
     policy_activate,
     policy_active,
     policy_shadow_set,
@@ -74,9 +75,18 @@ def policy_detail(request: HttpRequest, number: int) -> HttpResponse:
 @staff_required
 def policy_edit(request: HttpRequest, number: int | None = None) -> HttpResponse:
     """Edit = make a new draft version based on ``number`` (or the active version)."""
-    base = _version(number) if number is not None else policy_active()
+    if number is not None:
+        base = _version(number)
+    elif request.method == "POST":
+        base = policy_active()  # saving on a fresh platform makes the default v1 first
+    else:
+        base = policy_active_get()  # a GET never writes; without a version, the defaults
     tiers = _tiers()
-    form = PolicyVersionForm(request.POST or None, tiers=tiers, base=base)
+    # Without any version the form starts from the default v1's settings (not saved).
+    shown = base or PolicyVersion(
+        mechanism=PolicyVersion.Mechanism.WELFARE, round_minutes=DEFAULT_ROUND_MINUTES
+    )
+    form = PolicyVersionForm(request.POST or None, tiers=tiers, base=shown)
     if request.method == "POST" and form.is_valid():
         try:
             version = policy_version_create(actor=request.user, based_on=base, **form.changes())

@@ -247,3 +247,14 @@ def test_list_on_a_fresh_platform_writes_nothing(db):
     assert "No versions yet." in response.content.decode()
     assert not PolicyVersion.objects.exists()
     assert AuditEvent.objects.count() == events
+
+
+def test_the_new_version_page_on_a_fresh_platform_writes_nothing(db):
+    client = Client()
+    client.force_login(factories.admin_user())
+    events = AuditEvent.objects.count()
+    response = client.get("/market/policy/new/")
+    assert response.status_code == 200
+    assert "No version exists yet" in response.content.decode()
+    assert not PolicyVersion.objects.exists()
+    assert AuditEvent.objects.count() == events

@@ -53,7 +53,7 @@ def test_the_policy_form_refuses_a_malformed_quota_setting():
     market = market_make()
     for bad in ('{"lab": {"a100": -1}}', '"equal"', '{"lab": {"a100": 1.5}}'):
         form = PolicyVersionForm(
-            data={"params": '{"reserved_quotas": ' + bad + '}'},
+            data={"params": '{"reserved_quotas": ' + bad + "}"},
             tiers=[market.a100, market.h100],
             base=None,
         )
