@@ -24,13 +24,15 @@ from market.api.serializers import (
     RoundSerializer,
     TierSerializer,
 )
-from market.models import Allocation, Bid, Round, Tier
+from market.models import Allocation, Bid, Round
 from market.selectors import (
     allocations_with_tier,
     bids_with_limits,
     policy_active_get,
     round_find,
+    rounds_all,
     rounds_open,
+    tiers_all,
 )
 from market.services import bid_cancel, bid_edit, bid_place
 from tenants.access import access_object
@@ -42,11 +44,13 @@ from tenants.models import Campaign
 class TierViewSet(viewsets.ReadOnlyModelViewSet):
     """Tiers on offer, with the reserve price and share cap of the active policy."""
 
-    queryset = Tier.objects.order_by("slug")
     serializer_class = TierSerializer
     permission_classes = [permissions.IsAuthenticated]
     lookup_field = "slug"
     pagination_class = Pagination
+
+    def get_queryset(self):
+        return tiers_all()
 
     def get_serializer_context(self):
         context = super().get_serializer_context()
@@ -57,13 +61,12 @@ class TierViewSet(viewsets.ReadOnlyModelViewSet):
 class RoundViewSet(viewsets.ReadOnlyModelViewSet):
     """Rounds, newest window first: the open one, and history with clearing prices."""
 
-    queryset = Round.objects.select_related("policy").order_by("-starts_at")
     serializer_class = RoundSerializer
     permission_classes = [permissions.IsAuthenticated]
     pagination_class = Pagination
 
     def get_queryset(self):
-        qs = super().get_queryset()
+        qs = rounds_all()
         if self.action != "list":
             return qs
         filters = query_filters(self.request, RoundFilterSerializer)
