@@ -1,4 +1,4 @@
-"""Helpers shared by the fairness policies."""
+"""Tenant values shared by the fairness mechanisms (fisher, maxmin)."""
 
 from __future__ import annotations
 

@@ -125,17 +125,7 @@ def report_write(
     }
     checks = "\n".join(goals(summaries))
     paths["markdown"].write_text(f"{context}\n\nCommand: `{command}`\n\n{table}\n\n{checks}\n")
-    paths["json"].write_text(
-        json.dumps(
-            {
-                "command": command,
-                "context": context,
-                "policies": [as_json(s) for s in summaries],
-                "goals": goals(summaries),
-            },
-            indent=2,
-        )
-    )
+    paths["json"].write_text(json.dumps(summary_json(command, context, summaries), indent=2))
     paths["plotly"].write_text(get_plotlyjs())
     figures = [
         jct_figure(summaries),
@@ -168,3 +158,13 @@ def report_write(
         f"<table><thead><tr>{header}</tr></thead><tbody>{rows}</tbody></table>{body}</body></html>"
     )
     return paths
+
+
+def summary_json(command: str, context: str, summaries: list) -> dict:
+    """The comparison as JSON: the command, its context, each policy's metrics, the goals."""
+    return {
+        "command": command,
+        "context": context,
+        "policies": [as_json(s) for s in summaries],
+        "goals": goals(summaries),
+    }

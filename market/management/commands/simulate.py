@@ -32,7 +32,7 @@ from market.simulator import (
     throughputs_load,
     trace_load,
 )
-from market.simulator.metrics import as_json
+from market.simulator.report import summary_json
 
 MECHANISMS = ("welfare", "fisher", "maxmin")
 FORMATS = ("text", "markdown", "json")
@@ -243,17 +243,7 @@ class Command(BaseCommand):
         table = markdown_table(summaries)
         checks = "\n".join(goals(summaries))
         if options["format"] == "json":
-            self.stdout.write(
-                json.dumps(
-                    {
-                        "command": command,
-                        "context": context,
-                        "policies": [as_json(s) for s in summaries],
-                        "goals": goals(summaries),
-                    },
-                    indent=2,
-                )
-            )
+            self.stdout.write(json.dumps(summary_json(command, context, summaries), indent=2))
             return
         if options["format"] == "markdown":
             self.stdout.write(f"{context}\n\nCommand: `{command}`\n\n{table}\n\n{checks}\n")
