@@ -8,23 +8,21 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.shortcuts import redirect
 from django.utils.html import format_html
 
 from market.errors import MarketError
-from market.forms import TierCreateForm, TierForm, service_checked
+from market.forms import TierCreateForm, TierForm
 from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
 from market.services import (
     policy_activate,
     policy_shadow_set,
-    policy_version_create,
     tier_create,
     tier_update,
 )
-from market.services.policy import POLICY_FIELDS, policy_changes_validate
 from market.services.tiers import TIER_FIELDS
 
 
@@ -100,20 +98,8 @@ class TierAdmin(admin.ModelAdmin):
 # Policy versions --------------------------------------------------------------------------
 
 
-class PolicyVersionForm(forms.ModelForm):
-    class Meta:
-        model = PolicyVersion
-        fields = POLICY_FIELDS
-
-    def clean(self):
-        data = super().clean()
-        service_checked(policy_changes_validate, {n: data[n] for n in POLICY_FIELDS if n in data})
-        return data
-
-
 @admin.register(PolicyVersion)
 class PolicyVersionAdmin(admin.ModelAdmin):
-    form = PolicyVersionForm
     list_display = (
         "number",
         "mechanism",
@@ -132,36 +118,22 @@ class PolicyVersionAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    def get_fieldsets(self, request, obj=None):
-        fieldsets = [(None, {"fields": POLICY_FIELDS})]
-        if obj is not None:
-            fieldsets.insert(
-                0,
-                (
-                    f"Version {obj.number} (saving a change creates a new version based on this one; this one stays as it is)",
-                    {"fields": self.readonly_fields},
-                ),
-            )
-        return fieldsets
+    # One staff surface per model: a version is created and edited on the policy pages
+    # (market/policy/forms.py), never here; the admin lists versions and runs the actions.
+    def has_add_permission(self, request):
+        return False
 
-    def save_model(self, request, obj, form, change):
-        data = form.cleaned_data
-        if change:
-            based_on = PolicyVersion.objects.get(pk=obj.pk)
-            changes = {name: data[name] for name in form.changed_data if name in POLICY_FIELDS}
-            created = policy_version_create(actor=request.user, based_on=based_on, **changes)
-            messages.info(
-                request,
-                f"Saved as new draft version v{created.number}; v{based_on.number} is unchanged.",
-            )
-        else:
-            created = policy_version_create(
-                actor=request.user, **{name: data[name] for name in POLICY_FIELDS}
-            )
-        # The admin redirects to (and logs) ``obj``: point it at the version just created.
-        for field in created._meta.concrete_fields:
-            setattr(obj, field.attname, getattr(created, field.attname))
-        obj._state.adding = False
+    def has_change_permission(self, request, obj=None):
+        return obj is None  # the list and its actions, not the change form
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        version = self.get_object(request, object_id)
+        if version is None:
+            return super().change_view(request, object_id, form_url, extra_context)
+        return redirect("policy_edit", number=version.number)
+
+    def add_view(self, request, form_url="", extra_context=None):
+        return redirect("policy_new")
 
     def _act_on_one(
         self,
