@@ -45,6 +45,13 @@ from .values import tenant_values
 # 1e-6 relative is far below what one whole GPU changes. At the default 1e-8 the solver
 # stalls near 1e-7 on 100k-bid instances and ends "almost solved".
 CLARABEL_OPTIONS = {"tol_gap_abs": 1e-7, "tol_gap_rel": 1e-6}
+# Tried in turn when one fails or ends without a usable answer (seen on a 1,181-job replay):
+# the interior-point solver with looser gaps and more iterations, then a first-order one.
+SOLVER_ATTEMPTS = (
+    (cp.CLARABEL, CLARABEL_OPTIONS),
+    (cp.CLARABEL, {"tol_gap_abs": 1e-6, "tol_gap_rel": 1e-5, "max_iter": 400}),
+    (cp.SCS, {"eps_abs": 1e-7, "eps_rel": 1e-7, "max_iters": 50_000}),
+)
 MILP_COLUMNS = 600  # whole-GPU programs up to this many arcs are solved exactly
 LEFTOVER = 1e-6  # a budget-less tenant's weight in the whole-GPU objective, relative
 LOG_GRID = 1.25  # ratio between the utilities whose tangents bound log u in whole-GPU mode
@@ -91,19 +98,29 @@ def _solve_eg(
         constraints.append(in_group @ x[np.flatnonzero(c >= 0)] <= om.group_room[groups])
     problem = cp.Problem(cp.Maximize(weight @ cp.log(utility)), constraints)
     start = time.perf_counter()
-    try:
-        problem.solve(solver=cp.CLARABEL, **CLARABEL_OPTIONS)
-    except cp.error.SolverError as exc:
-        raise SolverError(f"fisher problem: the conic solver failed ({exc})") from exc
+    status = _solve(problem, constraints)
     seconds = time.perf_counter() - start
-    status = "optimal"
-    if problem.status == cp.OPTIMAL_INACCURATE and _feasible(constraints):
-        status = "inaccurate"  # "almost solved" and feasible to FEASIBLE: good for whole GPUs
-    elif problem.status != cp.OPTIMAL:
-        raise SolverError(f"fisher problem: the solver stopped with status {problem.status!r}")
     out = np.zeros(om.arc_bid.size)
     out[cols] = np.clip(x.value, 0.0, None)
     return out, np.maximum(np.asarray(capacity.dual_value).ravel(), 0.0), seconds, status
+
+
+def _solve(problem: cp.Problem, constraints: list) -> str:
+    """Solve with the first of SOLVER_ATTEMPTS that ends optimal, or "almost solved" and
+    feasible to FEASIBLE ("inaccurate"); a SolverError naming the last status otherwise."""
+    last = "not run"
+    for solver, options in SOLVER_ATTEMPTS:
+        try:
+            problem.solve(solver=solver, **options)
+        except cp.error.SolverError as exc:
+            last = f"{solver} failed ({exc})"
+            continue
+        if problem.status == cp.OPTIMAL:
+            return "optimal"
+        if problem.status == cp.OPTIMAL_INACCURATE and _feasible(constraints):
+            return "inaccurate"  # "almost solved" and feasible: good for whole GPUs
+        last = f"{solver} stopped with status {problem.status!r}"
+    raise SolverError(f"fisher problem: the conic solver gave no result: {last}")
 
 
 def _feasible(constraints: list) -> bool:

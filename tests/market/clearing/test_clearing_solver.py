@@ -66,3 +66,22 @@ def test_fisher_status_other_than_optimal_raises(monkeypatch):
     monkeypatch.setattr(cp.Problem, "solve", inaccurate)
     with pytest.raises(SolverError, match="fisher problem: .*optimal_inaccurate"):
         clear(GANGS, mechanism="fisher")
+
+
+def test_fisher_tries_the_next_solver_settings_when_one_fails(monkeypatch):
+    import cvxpy as cp
+
+    real = cp.Problem.solve
+    calls = []
+
+    def first_fails(problem, *args, **kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise cp.error.SolverError("Solver 'CLARABEL' failed.")
+        return real(problem, *args, **kwargs)
+
+    monkeypatch.setattr(cp.Problem, "solve", first_fails)
+    r = clear(GANGS, mechanism="fisher", divisible=True)
+    assert r.diagnostics["status"] in ("optimal", "inaccurate")
+    assert sum(a.gpus for a in r.allocations) > 0
+    assert calls[1]["max_iter"] == 400  # the second attempt: looser gaps, more iterations
