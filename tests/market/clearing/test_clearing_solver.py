@@ -85,3 +85,17 @@ def test_fisher_tries_the_next_solver_settings_when_one_fails(monkeypatch):
     assert r.diagnostics["status"] in ("optimal", "inaccurate")
     assert sum(a.gpus for a in r.allocations) > 0
     assert calls[1]["max_iter"] == 400  # the second attempt: looser gaps, more iterations
+
+
+def test_fisher_clears_the_replay_round_its_first_solver_setting_failed():
+    # A round of the 1,181-job replay (434 jobs, one tenant each, divisible) on which the
+    # conic solver failed outright at the first setting; welfare and maxmin cleared it.
+    from pathlib import Path
+
+    from market.clearing.io import instance_from_json, read_instance_file
+
+    path = Path(__file__).parent / "data" / "fisher_replay_434.json"
+    inst, _, _ = instance_from_json(read_instance_file(str(path)))
+    r = clear(inst, mechanism="fisher", divisible=True)
+    assert r.diagnostics["status"] in ("optimal", "inaccurate")
+    assert r.diagnostics["guarantees_unmet"] == 0
