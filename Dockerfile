@@ -14,7 +14,9 @@ COPY templates ./templates
 COPY static ./static
 COPY manage.py ./
 RUN pip install -e . && useradd --create-home gpumarket
-RUN SECRET_KEY=build-only python manage.py collectstatic --noinput
+RUN SECRET_KEY=build-only GPUMARKET_AUDIT_KEYS=build:build-only-audit-key-never-used-at-run-time \
+    python manage.py collectstatic --noinput
+RUN mkdir -p /var/lib/gpumarket/audit && chown gpumarket /var/lib/gpumarket/audit
 USER gpumarket
 EXPOSE 8000
 CMD ["gunicorn", "config.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3"]

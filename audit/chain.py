@@ -1,11 +1,27 @@
-"""Canonical form and hashing of audit events. Pure: no database access."""
+"""Canonical form and keyed hashing of audit events and checkpoints. Pure: no database access.
+
+Each event's hash is an HMAC-SHA256, under a key kept outside the database, of its canonical
+form, which includes the previous event's hash. Whoever can rewrite the table can still not
+produce the hashes of an edited event or of the events after it.
+"""
 
 import hashlib
+import hmac
 import json
 from datetime import UTC, datetime
 from typing import Any
 
 GENESIS_HASH = "0" * 64
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _utc(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        raise ValueError("audit timestamps must be timezone-aware")
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
 
 
 def canonical(
@@ -21,28 +37,65 @@ def canonical(
     before: Any,
     after: Any,
     prev_hash: str,
+    key_id: str,
 ) -> bytes:
     """The bytes that are hashed: sorted keys, no whitespace, UTC microsecond timestamps.
 
     ``created_at`` must be timezone-aware.
     """
-    if created_at.tzinfo is None:
-        raise ValueError("audit timestamps must be timezone-aware")
-    body = {
-        "seq": seq,
-        "created_at": created_at.astimezone(UTC).isoformat(timespec="microseconds"),
-        "actor_id": actor_id,
-        "actor_label": actor_label,
-        "tenant_id": tenant_id,
-        "action": action,
-        "object_type": object_type,
-        "object_id": object_id,
-        "before": before,
-        "after": after,
-        "prev_hash": prev_hash,
-    }
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _dumps(
+        {
+            "seq": seq,
+            "created_at": _utc(created_at),
+            "actor_id": actor_id,
+            "actor_label": actor_label,
+            "tenant_id": tenant_id,
+            "action": action,
+            "object_type": object_type,
+            "object_id": object_id,
+            "before": before,
+            "after": after,
+            "prev_hash": prev_hash,
+            "key_id": key_id,
+        }
+    )
 
 
-def event_hash(**fields: Any) -> str:
-    return hashlib.sha256(canonical(**fields)).hexdigest()
+# What canonical() takes, as attributes of a stored event.
+FIELDS = (
+    "seq",
+    "created_at",
+    "actor_id",
+    "actor_label",
+    "tenant_id",
+    "action",
+    "object_type",
+    "object_id",
+    "before",
+    "after",
+    "prev_hash",
+    "key_id",
+)
+
+
+def fields_of(event: Any) -> dict[str, Any]:
+    """The hashed fields of a stored event (a model instance, or any object with them)."""
+    return {name: getattr(event, name) for name in FIELDS}
+
+
+def mac(key: str, body: bytes) -> str:
+    return hmac.new(key.encode(), body, hashlib.sha256).hexdigest()
+
+
+def event_hash(*, key: str, **fields: Any) -> str:
+    """The keyed hash of one event; ``fields`` are those of :func:`canonical`."""
+    return mac(key, canonical(**fields))
+
+
+def checkpoint_body(*, seq: int, hash: str, taken_at: datetime, key_id: str) -> bytes:
+    """What a checkpoint's signature covers: the head of the log at one moment."""
+    return _dumps({"seq": seq, "hash": hash, "taken_at": _utc(taken_at), "key_id": key_id})
+
+
+def same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())

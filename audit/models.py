@@ -3,8 +3,10 @@ from django.db import models
 
 
 class AuditEvent(models.Model):
-    """One decision, in a hash chain: ``hash`` covers this event's canonical form and the
-    previous event's hash, so an edited, deleted, inserted or reordered row breaks the chain.
+    """One decision, in a keyed hash chain: ``hash`` is an HMAC, under a key kept outside the
+    database, of this event's canonical form and the previous event's hash, so an edited,
+    deleted, inserted or reordered row breaks the chain, and nobody without the key can
+    recompute it. Signed checkpoints of the head (audit/checkpoints.py) catch a cut tail.
 
     Rows are append-only: the application never updates or deletes them, and a database
     trigger (see the migrations) refuses it.
@@ -26,6 +28,8 @@ class AuditEvent(models.Model):
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField(null=True, blank=True)
     prev_hash = models.CharField(max_length=64)
+    # Which of the installation's keys (settings.GPUMARKET_AUDIT_KEYS) signed ``hash``.
+    key_id = models.CharField(max_length=32)
     hash = models.CharField(max_length=64, unique=True)
 
     class Meta:

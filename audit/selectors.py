@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db.models import QuerySet
 
-from audit.chain import GENESIS_HASH, event_hash
+from audit.chain import GENESIS_HASH, event_hash, fields_of, same
+from audit.checkpoints import CheckpointError, checkpoints_read
+from audit.keys import UnknownKey, verifying_key
 from audit.models import AuditEvent
 
 
@@ -19,14 +21,21 @@ class ChainReport:
     first_bad_seq: int | None = None
     first_bad_id: int | None = None
     problem: str = ""
+    # Signed head checkpoints the log was checked against (audit/checkpoints.py).
+    checkpoints: int = 0
 
     def describe(self) -> str:
         if self.ok:
-            return f"audit chain intact: {self.checked} events verified"
-        return (
-            f"audit chain broken at event seq={self.first_bad_seq} (id={self.first_bad_id}): "
-            f"{self.problem}"
-        )
+            against = (
+                f" against {self.checkpoints} signed checkpoints"
+                if self.checkpoints
+                else " (no signed checkpoints yet: a cut tail could not be detected)"
+            )
+            return f"audit chain intact: {self.checked} events verified{against}"
+        where = f"seq={self.first_bad_seq}"
+        if self.first_bad_id is not None:
+            where += f" (id={self.first_bad_id})"
+        return f"audit chain broken at event {where}: {self.problem}"
 
 
 def _iter_events() -> Iterator[AuditEvent]:
@@ -35,13 +44,27 @@ def _iter_events() -> Iterator[AuditEvent]:
     return AuditEvent.objects.order_by("id").iterator(chunk_size=2000)
 
 
+def _when(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _recomputed(event: AuditEvent) -> str:
+    return event_hash(key=verifying_key(event.key_id), **fields_of(event))
+
+
 def chain_verify() -> ChainReport:
     """Walk the whole log and name the first event that is not what the chain says.
 
-    Detects an edited event (its hash no longer matches its content), a deleted one (a gap in
-    seq, or a prev_hash that is not the previous event's hash), an inserted one, and a
-    reordering (seq out of order, or links that do not follow).
+    Detects an edited event (its keyed hash no longer matches its content: whoever edited it
+    did not hold the key), a deleted one (a gap in seq, or a prev_hash that is not the previous
+    event's hash), an inserted one, a reordering (seq out of order, or links that do not
+    follow), and, against the signed checkpoints, a tail cut off or rewritten since one was
+    taken.
     """
+    try:
+        checkpoints = {c.seq: c for c in checkpoints_read()}
+    except CheckpointError as exc:
+        return ChainReport(checked=0, ok=False, problem=str(exc))
     prev_hash = GENESIS_HASH
     expected_seq = 1
     checked = 0
@@ -55,23 +78,21 @@ def chain_verify() -> ChainReport:
                 first_bad_seq=event.seq,
                 first_bad_id=event.pk,
                 problem=problem,
+                checkpoints=len(checkpoints),
             )
 
-        recomputed = event_hash(
-            seq=event.seq,
-            created_at=event.created_at,
-            actor_id=event.actor_id,
-            actor_label=event.actor_label,
-            tenant_id=event.tenant_id,
-            action=event.action,
-            object_type=event.object_type,
-            object_id=event.object_id,
-            before=event.before,
-            after=event.after,
-            prev_hash=event.prev_hash,
-        )
-        if recomputed != event.hash:
-            return bad("its content does not match its hash (the event was edited)")
+        try:
+            recomputed = _recomputed(event)
+        except UnknownKey:
+            return bad(
+                f"it names key {event.key_id!r}, which this installation does not hold: it was "
+                "forged, or GPUMARKET_AUDIT_KEYS lost a key that signed it"
+            )
+        if not same(recomputed, event.hash):
+            return bad(
+                "its content does not match its keyed hash: the event was edited, or its hash "
+                "recomputed by someone without the audit key"
+            )
         if event.seq != expected_seq:
             if event.seq > expected_seq:
                 return bad(
@@ -81,9 +102,29 @@ def chain_verify() -> ChainReport:
             return bad(f"seq {event.seq} comes after seq {expected_seq - 1}: the log was reordered")
         if event.prev_hash != prev_hash:
             return bad("its link to the previous event is wrong (an event was inserted or removed)")
+        checkpoint = checkpoints.get(event.seq)
+        if checkpoint is not None and not same(checkpoint.hash, event.hash):
+            return bad(
+                f"checkpoint line {checkpoint.line}, signed at {_when(checkpoint.taken_at)}, "
+                "holds another hash for this event: the log was rewritten"
+            )
         prev_hash = event.hash
         expected_seq += 1
-    return ChainReport(checked=checked, ok=True)
+    head = expected_seq - 1
+    beyond = [c for c in checkpoints.values() if c.seq > head]
+    if beyond:
+        last = max(beyond, key=lambda c: c.seq)
+        return ChainReport(
+            checked=checked,
+            ok=False,
+            first_bad_seq=last.seq,
+            problem=(
+                f"the log was truncated: it ends at seq {head}, but checkpoint line {last.line}, "
+                f"signed at {_when(last.taken_at)}, saw it reach seq {last.seq}"
+            ),
+            checkpoints=len(checkpoints),
+        )
+    return ChainReport(checked=checked, ok=True, checkpoints=len(checkpoints))
 
 
 def events_filter(

@@ -10,6 +10,7 @@ from django.db import connection, models, transaction
 from django.utils import timezone
 
 from audit.chain import GENESIS_HASH, event_hash
+from audit.keys import signing_key
 from audit.models import AuditEvent
 
 # Any fixed 64-bit key: the advisory lock that serialises appends to the chain on PostgreSQL.
@@ -62,6 +63,7 @@ def record(
     seq = (last["seq"] + 1) if last else 1
     prev_hash = last["hash"] if last else GENESIS_HASH
     actor_id, actor_label = _actor_parts(actor)
+    key_id, key = signing_key()
     fields = {
         "seq": seq,
         "created_at": timezone.now(),
@@ -74,5 +76,6 @@ def record(
         "before": before,
         "after": after,
         "prev_hash": prev_hash,
+        "key_id": key_id,
     }
-    return AuditEvent.objects.create(hash=event_hash(**fields), **fields)
+    return AuditEvent.objects.create(hash=event_hash(key=key, **fields), **fields)

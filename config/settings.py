@@ -2,7 +2,7 @@
 
 The defaults are the embedded demo: SQLite under ``var/``, a filesystem broker that needs no
 server, ``DEBUG`` on. Production sets ``DATABASE_URL`` (PostgreSQL), ``CELERY_BROKER_URL``
-(Redis), ``SECRET_KEY`` and ``DEBUG=0``.
+(Redis), ``SECRET_KEY``, ``GPUMARKET_AUDIT_KEYS`` and ``DEBUG=0``.
 """
 
 import importlib.util
@@ -41,6 +41,39 @@ if not SECRET_KEY:
             "SECRET_KEY is required when DEBUG is off: set SECRET_KEY, or DEBUG=1 for development"
         )
     SECRET_KEY = "insecure-development-key-do-not-use-in-production"
+
+
+def env_keys(name: str) -> dict[str, str]:
+    """``id:secret,id:secret`` from the environment, in order (the first is the current key)."""
+    keys: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in os.environ.get(name, "").split(","))):
+        key_id, sep, secret = part.partition(":")
+        if not sep or not key_id.strip() or not secret:
+            raise ImproperlyConfigured(
+                f"{name} must be 'id:secret' pairs separated by commas, e.g. 'k1:<64 hex digits>'"
+            )
+        if key_id.strip() in keys:
+            raise ImproperlyConfigured(f"{name} names the key id {key_id.strip()!r} twice")
+        if not DEBUG and len(secret) < 32:
+            raise ImproperlyConfigured(
+                f"{name}: the secret of key {key_id.strip()!r} is shorter than 32 characters"
+            )
+        keys[key_id.strip()] = secret
+    return keys
+
+
+# The audit chain is an HMAC chain: each event's hash is keyed with a secret that lives outside
+# the database, so whoever owns the tables cannot rewrite an event and recompute the hashes.
+# The first key signs new events; later ones still verify the events they signed (rotation).
+GPUMARKET_AUDIT_KEYS = env_keys("GPUMARKET_AUDIT_KEYS")
+if not GPUMARKET_AUDIT_KEYS:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "GPUMARKET_AUDIT_KEYS is required when DEBUG is off: set it to 'k1:<secret>' with a "
+            "random secret of 32+ characters (python -c 'import secrets; "
+            "print(secrets.token_hex(32))'), kept outside the database, or DEBUG=1 for development"
+        )
+    GPUMARKET_AUDIT_KEYS = {"dev": "insecure-development-audit-key:" + SECRET_KEY}
 
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
@@ -228,9 +261,21 @@ CELERY_BEAT_SCHEDULE = {
     },
     "nodes-health": {"task": "telemetry.nodes_health", "schedule": 30.0},
     "samples-rollup": {"task": "telemetry.samples_rollup", "schedule": 60.0},
+    "audit-checkpoint": {
+        "task": "audit.checkpoint",
+        "schedule": float(os.environ.get("GPUMARKET_AUDIT_CHECKPOINT_SECONDS", "60")),
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TIMEZONE = "UTC"
+
+# Signed checkpoints of the audit log's head are appended here (by beat, and by
+# `manage.py audit_checkpoint`); verify-audit checks the log against them, so a truncated or
+# rewritten tail shows. Put it where the application can append but not rewrite (an
+# append-only file, `chattr +a`, or an object-locked bucket synced from it).
+GPUMARKET_AUDIT_CHECKPOINT_PATH = os.environ.get(
+    "GPUMARKET_AUDIT_CHECKPOINT_PATH", str(VAR_DIR / "audit-checkpoints.jsonl")
+)
 
 # A bearer token for /metrics; empty = open (it shows platform-wide aggregates only).
 GPUMARKET_METRICS_TOKEN = os.environ.get("GPUMARKET_METRICS_TOKEN", "")

@@ -3,6 +3,7 @@
 import os
 
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production")
+os.environ.setdefault("GPUMARKET_AUDIT_KEYS", "test:test-only-audit-key-not-for-production")
 
 from config.settings import *  # noqa: E402,F403
 

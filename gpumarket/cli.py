@@ -18,7 +18,10 @@ USAGE = """usage: gpumarket COMMAND [ARGS]
   clear FILE      clear an auction instance (JSON) and print the result as JSON
   simulate        replay a job trace or past rounds under a policy (what-if)
   verify-ledger   check every ledger invariant; non-zero exit names what is wrong
-  verify-audit    check the audit hash chain; non-zero exit names the first bad event
+  verify-audit    check the keyed audit chain and its signed checkpoints; non-zero exit
+                  names the first bad event
+  audit-checkpoint
+                  append a signed checkpoint of the audit log's head (beat does it each minute)
   ...             any other manage.py command (migrate, createsuperuser, shell, ...)
 """
 

@@ -14,10 +14,12 @@ from typing import Protocol
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import CharField, Sum
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 import audit.services as audit
+from audit.models import AuditEvent
 from tenants.errors import TenantError
 from tenants.models import Account, Campaign, Entry, LedgerOperation, Tenant, Transfer
 
@@ -345,7 +347,10 @@ def ledger_verify() -> list[str]:
     - every transfer has exactly two entries that sum to zero and match its amount;
     - each account's cached balance equals the sum of its entries;
     - no tenant account is negative;
-    - total issued equals total held anywhere (all balances sum to zero).
+    - total issued equals total held anywhere (all balances sum to zero);
+    - every transfer matches the audit event recorded with it (kind, tenant, amount), so a
+      transfer rewritten together with its entries and balances still shows: the audit chain
+      is keyed, and its events cannot be rewritten to match (verify-audit checks that).
     """
     problems: list[str] = []
     bad_transfers = (
@@ -383,4 +388,54 @@ def ledger_verify() -> list[str]:
             f"credits created or lost: balances sum to {total_balance}, expected 0 "
             "(issued must equal held)"
         )
+    problems.extend(_audit_mismatches())
     return problems
+
+
+_AUDIT_BATCH = 2000
+_AUDIT_REPORT_LIMIT = 20
+
+
+def _audit_mismatches() -> list[str]:
+    """Transfers that do not match their audit event, and audit events whose transfer is gone."""
+    problems: list[str] = []
+    object_type = Transfer._meta.label_lower
+    transfers = Transfer.objects.order_by("pk").values_list("pk", "kind", "tenant_id", "amount")
+    batch: list[tuple[int, str, int, int]] = []
+
+    def check(batch: list[tuple[int, str, int, int]]) -> None:
+        events = {
+            object_id: (action, tenant_id, after)
+            for object_id, action, tenant_id, after in AuditEvent.objects.filter(
+                object_type=object_type, object_id__in=[str(pk) for pk, *_ in batch]
+            ).values_list("object_id", "action", "tenant_id", "after")
+        }
+        for pk, kind, tenant_id, amount in batch:
+            event = events.get(str(pk))
+            if event is None:
+                problems.append(f"transfer {pk}: no audit event records it")
+                continue
+            action, event_tenant, after = event
+            recorded = after.get("amount") if isinstance(after, dict) else None
+            if (action, event_tenant, recorded) != (f"ledger.{kind}", tenant_id, amount):
+                problems.append(
+                    f"transfer {pk}: {kind} of {amount} for tenant {tenant_id} does not match "
+                    f"its audit event ({action} of {recorded} for tenant {event_tenant})"
+                )
+
+    for row in transfers.iterator(chunk_size=_AUDIT_BATCH):
+        batch.append(row)
+        if len(batch) == _AUDIT_BATCH:
+            check(batch)
+            batch = []
+    if batch:
+        check(batch)
+    transfer_ids = Transfer.objects.annotate(text_id=Cast("pk", CharField())).values("text_id")
+    orphans = (
+        AuditEvent.objects.filter(object_type=object_type, action__startswith="ledger.")
+        .exclude(object_id__in=transfer_ids)
+        .values_list("object_id", flat=True)
+    )
+    for object_id in orphans[:_AUDIT_REPORT_LIMIT]:
+        problems.append(f"audit event for transfer {object_id}: the transfer is gone")
+    return problems[: _AUDIT_REPORT_LIMIT * 2]

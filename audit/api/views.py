@@ -54,6 +54,7 @@ class ChainReportSerializer(serializers.Serializer):
     first_bad_seq = serializers.IntegerField(allow_null=True)
     first_bad_id = serializers.IntegerField(allow_null=True)
     problem = serializers.CharField(allow_blank=True)
+    checkpoints = serializers.IntegerField(help_text="Signed head checkpoints checked.")
     description = serializers.CharField()
 
 
@@ -100,6 +101,7 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
                     "first_bad_seq": report.first_bad_seq,
                     "first_bad_id": report.first_bad_id,
                     "problem": report.problem,
+                    "checkpoints": report.checkpoints,
                     "description": report.describe(),
                 }
             ).data

@@ -5,43 +5,22 @@ from __future__ import annotations
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 
 import audit.services as audit
 from audit.models import AuditEvent
 from audit.selectors import chain_verify
-from tests import factories
+from tests.audit import chainkit
 
 pytestmark = pytest.mark.django_db
 
 
-def _events(n: int = 5) -> list[AuditEvent]:
-    t = factories.tenant()
-    with transaction.atomic():
-        return [
-            audit.record(
-                actor="test",
-                action="test.event",
-                tenant=t,
-                object_type="thing",
-                object_id=i,
-                after={"i": i, "amount": 1000 * i},
-            )
-            for i in range(n)
-        ]
-
-
 def _raw(sql: str, params: list) -> None:
-    # Tampering bypasses the append-only trigger the way an intruder with superuser rights
-    # would: replica mode skips ordinary triggers.
-    with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL session_replication_role = replica")
-        cursor.execute(sql, params)
-        cursor.execute("SET LOCAL session_replication_role = origin")
+    chainkit.as_owner((sql, params))
 
 
 def test_intact_chain_verifies_and_links_each_event_to_the_previous():
-    events = _events()
+    events = chainkit.events()
     report = chain_verify()
     assert report.ok and report.checked >= len(events)
     for previous, event in zip(events, events[1:], strict=False):
@@ -56,7 +35,7 @@ def test_record_outside_a_transaction_is_refused():
 
 
 def test_update_and_delete_are_refused_by_the_database():
-    event = _events(1)[0]
+    event = chainkit.events(1)[0]
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
         AuditEvent.objects.filter(pk=event.pk).update(action="forged")
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
@@ -64,7 +43,7 @@ def test_update_and_delete_are_refused_by_the_database():
 
 
 def test_edited_event_is_detected_and_named():
-    events = _events()
+    events = chainkit.events()
     _raw(
         "UPDATE audit_auditevent SET after = %s WHERE id = %s",
         ['{"i": 2, "amount": 1}', events[2].pk],
@@ -78,7 +57,7 @@ def test_edited_event_is_detected_and_named():
 
 
 def test_deleted_event_is_detected_and_named():
-    events = _events()
+    events = chainkit.events()
     _raw("DELETE FROM audit_auditevent WHERE id = %s", [events[1].pk])
     report = chain_verify()
     assert not report.ok
@@ -88,7 +67,7 @@ def test_deleted_event_is_detected_and_named():
 
 
 def test_reordered_events_are_detected_and_named():
-    events = _events()
+    events = chainkit.events()
     a, b = events[1], events[3]
     # Swap the two rows' positions in the table (their ids), leaving each row's content intact.
     _raw("UPDATE audit_auditevent SET id = -id WHERE id = %s", [a.pk])
@@ -102,14 +81,14 @@ def test_reordered_events_are_detected_and_named():
 
 
 def test_inserted_event_is_detected_and_named():
-    events = _events()
+    events = chainkit.events()
     forged = events[2]
     # A forged copy of a real event, placed at the end with a plausible seq.
     _raw(
         "INSERT INTO audit_auditevent (seq, created_at, actor_label, action, object_type, object_id,"
-        " before, after, prev_hash, hash) VALUES (%s, now(), 'intruder', 'ledger.grant', 'x', '1',"
-        " NULL, '{}'::jsonb, %s, %s)",
-        [AuditEvent.objects.order_by("-seq").first().seq + 1, events[-1].hash, "f" * 64],
+        " before, after, prev_hash, hash, key_id) VALUES (%s, now(), 'intruder', 'ledger.grant',"
+        " 'x', '1', NULL, '{}'::jsonb, %s, %s, %s)",
+        [AuditEvent.objects.order_by("-seq").first().seq + 1, events[-1].hash, "f" * 64, "test"],
     )
     report = chain_verify()
     assert not report.ok
