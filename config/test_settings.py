@@ -1,9 +1,15 @@
 """Settings for the test suite: production settings (DEBUG off) over plain HTTP on loopback."""
 
 import os
+import tempfile
 
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production")
 os.environ.setdefault("GPUMARKET_AUDIT_KEYS", "test:test-only-audit-key-not-for-production")
+# Checkpoints of this run's log only (subprocesses inherit the path), never the demo's file.
+os.environ.setdefault(
+    "GPUMARKET_AUDIT_CHECKPOINT_PATH",
+    os.path.join(tempfile.mkdtemp(prefix="gpumarket-audit-"), "checkpoints.jsonl"),
+)
 
 from config.settings import *  # noqa: E402,F403
 
