@@ -70,7 +70,10 @@ def _chunks(arcs: np.ndarray, tenant_of: np.ndarray) -> list[np.ndarray]:
     order = np.argsort(tenant_of, kind="stable")
     arcs, tenant_of = arcs[order], tenant_of[order]
     starts = np.flatnonzero(np.r_[True, tenant_of[1:] != tenant_of[:-1]])
-    bounds = starts[np.searchsorted(starts, np.arange(CHUNK_ARCS, arcs.size, CHUNK_ARCS))]
+    # Each boundary moves up to the next tenant's first arc; one past the last tenant's start
+    # means the rest is a single tenant, which stays in the last chunk.
+    at = np.searchsorted(starts, np.arange(CHUNK_ARCS, arcs.size, CHUNK_ARCS))
+    bounds = starts[at[at < starts.size]]
     return [np.sort(part) for part in np.split(arcs, np.unique(bounds)) if part.size]
 
 

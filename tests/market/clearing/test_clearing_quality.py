@@ -335,3 +335,23 @@ def test_large_whole_gpu_welfare_holds_every_guarantee_without_the_milp():
     )
     assert weightless.diagnostics["guarantees_unmet"] == 0  # weight 0: nothing owed
     assert weightless.diagnostics["welfare"] > r.diagnostics["welfare"]  # the guarantee costs
+
+
+def test_guarantee_chunks_when_the_last_tenant_starts_before_the_last_chunk_boundary():
+    # A chunk boundary (every CHUNK_ARCS arcs) falls inside the last tenant's arcs. Every arc
+    # must land in exactly one chunk of whole tenants (this once indexed past the last tenant).
+    from market.clearing.guarantee import CHUNK_ARCS, _chunks
+
+    tenant_of = np.r_[
+        np.zeros(CHUNK_ARCS - 100, dtype=np.int64),
+        np.repeat(np.arange(1, 4), 3),
+        np.full(400, 4, dtype=np.int64),
+    ]
+    arcs = np.arange(tenant_of.size)
+    parts = _chunks(arcs, tenant_of)
+    assert np.array_equal(np.sort(np.concatenate(parts)), arcs)
+    for part in parts:
+        owners = set(tenant_of[part].tolist())
+        for other in parts:
+            if other is not part:
+                assert owners.isdisjoint(tenant_of[other].tolist()), "tenants stay whole"
