@@ -1,8 +1,10 @@
 """Clearing benchmark (not a test): build / solve / rounding / total seconds per policy and
 size, and the bare solver call on the same problem.
 
-    /work/venv/bin/python bench/clearing.py                       # every size and policy
-    /work/venv/bin/python bench/clearing.py --sizes 100,1000,5 --policies welfare
+    .venv/bin/python bench/clearing.py                       # every size and policy
+    .venv/bin/python bench/clearing.py --sizes 100,1000,5 --policies welfare
+    .venv/bin/python bench/clearing.py --parts 4 --workers 2 \
+        --sizes 10000,100000,8 100000,1000000,8               # partitioned (POP) clearing
 
 Values are heterogeneous: a bid is a job type from the Gavel data
 (shared/data/gavel/simulation_throughputs.json) and values a tier by its measured
@@ -17,6 +19,8 @@ import math
 import os
 import platform
 import time
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import cvxpy as cp
@@ -25,6 +29,7 @@ import scipy.sparse as sp
 
 from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear, highs
 from market.clearing.inputs import instance_arrays
+from market.clearing.partition import clear_partitioned
 from market.clearing.rules import build_market, open_market
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gavel"
@@ -158,6 +163,69 @@ def bare_same_problem(inst: Instance, policy: str, params: dict | None) -> float
     return total
 
 
+def _clear_part(sub: Instance, *, policy: str, params: dict | None):
+    return clear(sub, mechanism=policy, params=params)
+
+
+def objective(inst: Instance, result, policy: str) -> float:
+    """The figure each policy maximises, read off a result: total value for welfare, the
+    worst tenant's share ratio for maxmin, Nash welfare (sum of weight x log value) for
+    fisher. Values are the bids' limits, as the mechanisms use them."""
+    if policy == "welfare":
+        return result.diagnostics["welfare"]
+    if policy == "maxmin":
+        return result.diagnostics["min_share_ratio"] or 0.0
+    limits = {b.id: (b.tenant, b.limits) for b in inst.bids}
+    value: dict[str, float] = {}
+    for a in result.allocations:
+        tenant, lim = limits[a.bid]
+        value[tenant] = value.get(tenant, 0.0) + a.gpus * lim[a.tier]
+    weight = {t.name: max(t.weight, 1e-9) for t in inst.tenants}
+    return sum(weight[t] * math.log(v) for t, v in value.items() if v > 0)
+
+
+def loss(policy: str, exact: float, split: float, inst: Instance) -> float:
+    """Relative loss of the partitioned clear; for fisher, of the weighted geometric mean."""
+    if policy == "fisher":
+        total_weight = sum(max(t.weight, 1e-9) for t in inst.tenants)
+        return 1.0 - math.exp((split - exact) / total_weight)
+    return 1.0 - split / exact if exact else 0.0
+
+
+def partitioned(args, sizes) -> None:
+    print(
+        f"{'policy':8} {'tenants':>7} {'bids':>8} {'tiers':>5} {'parts':>5} {'workers':>7} "
+        f"{'exact':>8} {'split':>8} {'slowest':>8} {'loss':>7}"
+    )
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for tenants, bids, tiers in sizes:
+            inst = instance(tenants, bids, tiers, gang_share=args.gang_share, weight=args.weight)
+            for policy in args.policies.split(","):
+                params = None if policy == "fisher" else {"time_limit": args.time_limit}
+                part = partial(_clear_part, policy=policy, params=params)
+                start = time.perf_counter()
+                r = clear_partitioned(inst, parts=args.parts, clear_part=part, map_parts=pool.map)
+                split_seconds = time.perf_counter() - start
+                exact_text, loss_text = "-", "-"
+                if bids <= args.max_exact_bids:
+                    try:
+                        e = clear(inst, mechanism=policy, params=params)
+                    except SolverError:  # the exact clear hit --time-limit
+                        exact_text = f">{args.time_limit:g}s"
+                    else:
+                        exact_text = f"{e.diagnostics['total_seconds']:8.2f}"
+                        lost = loss(
+                            policy, objective(inst, e, policy), objective(inst, r, policy), inst
+                        )
+                        loss_text = f"{100 * lost:6.2f}%"
+                print(
+                    f"{policy:8} {tenants:7} {bids:8} {tiers:5} {args.parts:5} {args.workers:7} "
+                    f"{exact_text:>8} {split_seconds:8.2f} "
+                    f"{max(r.diagnostics['part_seconds']):8.2f} {loss_text:>7}",
+                    flush=True,
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -175,6 +243,16 @@ def main() -> None:
     parser.add_argument(
         "--time-limit", type=float, default=10.0, help="params.time_limit for welfare/maxmin, s"
     )
+    parser.add_argument(
+        "--parts", type=int, default=0, help="clear partitioned into this many parts (POP)"
+    )
+    parser.add_argument("--workers", type=int, default=2, help="processes for the parts")
+    parser.add_argument(
+        "--max-exact-bids",
+        type=int,
+        default=100_000,
+        help="with --parts: also clear exactly (for the loss) up to this many bids",
+    )
     args = parser.parse_args()
     sizes = [tuple(int(v) for v in s.split(",")) for s in args.sizes] if args.sizes else SIZES
     cpu = next(
@@ -189,6 +267,9 @@ def main() -> None:
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M %Z')}  nproc={os.cpu_count()}  cpu={cpu}  load={load:.1f}"
     )
+    if args.parts:
+        partitioned(args, sizes)
+        return
     print(
         f"{'policy':8} {'tenants':>7} {'bids':>7} {'tiers':>5} {'build':>7} {'solve':>7} "
         f"{'round':>7} {'total':>7} {'bare':>8} {'ratio':>6}  status"
