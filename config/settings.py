@@ -236,7 +236,13 @@ else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "visibility_timeout": env_int("CELERY_BROKER_VISIBILITY_TIMEOUT", 3600)
     }
-CELERY_RESULT_BACKEND = None
+# Results are kept only for the parts of a partitioned clear (market.clear_part), which the
+# clearing task gathers; every other task ignores its result. On Redis they go to the broker's
+# server; with the embedded broker there is no backend and the parts are cleared in-process.
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or (
+    CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else None
+)
+CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -245,6 +251,9 @@ CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 300)
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 360)
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
+    # The parts of a partitioned clear have their own queue, so the workers that clear them
+    # (as many as there are, on any machine) never wait behind, or block, a clearing task.
+    "market.clear_part": {"queue": "clearing_parts"},
     "market.*": {"queue": "clearing"},
     "telemetry.*": {"queue": "telemetry"},
 }
@@ -268,6 +277,14 @@ CELERY_BEAT_SCHEDULE = {
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TIMEZONE = "UTC"
+
+# Partitioned clearing: a round with at least this many open bids is split into
+# GPUMARKET_PARTITION_PARTS sub-markets cleared in parallel on the clearing_parts queue
+# (market/clearing/partition.py); below it the exact clear runs. A part that has not come back
+# within GPUMARKET_PARTITION_TIMEOUT_SECONDS fails the round (every hold released).
+GPUMARKET_PARTITION_ABOVE_BIDS = env_int("GPUMARKET_PARTITION_ABOVE_BIDS", 100_000)
+GPUMARKET_PARTITION_PARTS = env_int("GPUMARKET_PARTITION_PARTS", 4)
+GPUMARKET_PARTITION_TIMEOUT_SECONDS = env_int("GPUMARKET_PARTITION_TIMEOUT_SECONDS", 240)
 
 # Signed checkpoints of the audit log's head are appended here (by beat, and by
 # `manage.py audit_checkpoint`); verify-audit checks the log against them, so a truncated or

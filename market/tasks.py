@@ -8,9 +8,12 @@ redelivered run finish the work exactly once.
 from __future__ import annotations
 
 import logging
+import os
 
 from celery import shared_task
 
+from market import clearing
+from market.clearing.io import instance_from_json
 from market.errors import MarketError
 from market.services import round_process, rounds_tick
 
@@ -45,3 +48,17 @@ def round_clear_task(round_id: int) -> str:
         # Not due yet, or refused: nothing to retry; the tick handles it when it is due.
         logger.info("round %s not processed: %s", round_id, exc)
         return f"refused: {exc}"
+
+
+# Fault injection for the partitioned-clearing test: a part whose index is in this
+# comma-separated list fails as a solver would. Unset in every real deployment.
+FAIL_PART_ENV = "GPUMARKET_TEST_FAIL_PART"
+
+
+@shared_task(name="market.clear_part", ignore_result=False)
+def clear_part_task(instance: dict, index: int) -> dict:
+    """Clear one part of a partitioned round (pure: no database) and return its result."""
+    if str(index) in os.environ.get(FAIL_PART_ENV, "").split(","):
+        raise clearing.ClearingError(f"part {index}: failed on purpose ({FAIL_PART_ENV})")
+    sub, mechanism, params = instance_from_json(instance)
+    return clearing.clear(sub, mechanism=mechanism, params=params).to_json()

@@ -69,10 +69,20 @@ def test_database_url() -> str:
 class CeleryWorker:
     """A real Celery worker process on the test database and a Redis broker."""
 
-    def __init__(self, *, database_url: str, broker_url: str, log_path: Path) -> None:
+    def __init__(
+        self,
+        *,
+        database_url: str,
+        broker_url: str,
+        log_path: Path,
+        queues: str = "clearing,telemetry,default",
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.database_url = database_url
         self.broker_url = broker_url
         self.log_path = log_path
+        self.queues = queues
+        self.extra_env = extra_env or {}
         self.proc: subprocess.Popen | None = None
 
     def env(self) -> dict[str, str]:
@@ -83,6 +93,7 @@ class CeleryWorker:
             DEBUG="1",
             PYTHONUNBUFFERED="1",
         )
+        env.update(self.extra_env)
         return env
 
     def start(self) -> None:
@@ -96,7 +107,7 @@ class CeleryWorker:
                 "config",
                 "worker",
                 "-Q",
-                "clearing,telemetry,default",
+                self.queues,
                 "--pool",
                 "solo",
                 "--loglevel",

@@ -297,3 +297,44 @@ def _quotas(value: Any, tenants: set[str], tiers: set[str]) -> dict | str:
         for tier in row if isinstance(row, dict) else ():
             _gpus(row[tier], _key(tier, _key(tenant, "quotas")))
     return value
+
+
+def instance_to_json(
+    instance: Instance, *, mechanism: str = "welfare", params: Any = None
+) -> dict[str, Any]:
+    """The JSON form ``instance_from_json`` reads back to an equal instance (used to send a
+    part of a partitioned clear to a worker)."""
+    data: dict[str, Any] = {
+        "tiers": [
+            {
+                "name": t.name,
+                "capacity": t.capacity,
+                "reserve_price": t.reserve_price,
+                "max_share": t.max_share,
+            }
+            for t in instance.tiers
+        ],
+        "tenants": [
+            {"name": t.name, "weight": t.weight, "budget": t.budget} for t in instance.tenants
+        ],
+        "bids": [
+            {
+                "id": b.id,
+                "tenant": b.tenant,
+                "quantity": b.quantity,
+                "min_quantity": b.min_quantity,
+                "mixed_tiers": b.mixed_tiers,
+                "limits": dict(b.limits),
+            }
+            for b in instance.bids
+        ],
+        "policy": {"name": mechanism, "params": dict(params or {})},
+    }
+    if instance.quotas:
+        quotas = instance.quotas
+        data["quotas"] = (
+            quotas
+            if isinstance(quotas, str)
+            else {tenant: dict(row) for tenant, row in quotas.items()}
+        )
+    return data

@@ -30,3 +30,17 @@ class Result:
             "charges": dict(self.charges),
             "diagnostics": dict(self.diagnostics),
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Result:
+        """The result ``to_json`` wrote (spend is read from the diagnostics)."""
+        diagnostics = dict(data["diagnostics"])
+        return cls(
+            allocations=tuple(
+                Allocation(a["bid"], a["tier"], a["gpus"]) for a in data["allocations"]
+            ),
+            prices=dict(data["prices"]),
+            charges=dict(data["charges"]),
+            spend=dict(diagnostics.get("spend", {})),
+            diagnostics=diagnostics,
+        )

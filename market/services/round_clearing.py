@@ -24,6 +24,7 @@ from market.errors import MarketError
 from market.models import Bid, BidLimit, PolicyVersion, Round, Tier
 from market.services._common import cost_floor, now_or
 from market.services.bids import window_seconds
+from market.services.partitioned import clear_in_parts, partition_parts
 from market.services.rounds import _close_locked
 from market.services.void import round_fail
 from tenants.models import Tenant
@@ -166,7 +167,13 @@ def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
     params = dict(policy.params or {})
     quotas = _quotas(params.pop(QUOTAS_PARAM, None), data=data)
     instance = _instance(data=data, policy=policy, reserves=reserves, quotas=quotas)
-    result = clearing.clear(instance, mechanism=policy.mechanism, params=params or None)
+    parts = partition_parts(int(data.bid_ids.size))
+    if parts > 1:
+        result = clear_in_parts(
+            instance, mechanism=policy.mechanism, params=params or None, parts=parts
+        )
+    else:
+        result = clearing.clear(instance, mechanism=policy.mechanism, params=params or None)
     return _outcome(result=result, data=data, reserves=reserves, mechanism=policy.mechanism)
 
 

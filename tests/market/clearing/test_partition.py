@@ -149,3 +149,20 @@ def test_the_welfare_lost_by_partitioning_a_mid_size_round_is_small():
     split = clear_partitioned(inst, parts=4, clear_part=_clear("welfare")).diagnostics["welfare"]
     assert split <= exact + 1e-6
     assert split >= 0.97 * exact
+
+
+def test_a_part_goes_to_a_worker_and_back_as_json_unchanged():
+    import json
+
+    from market.clearing.io import instance_from_json, instance_to_json
+    from market.clearing.result import Result
+
+    inst = _instance(tenants=6, bids=30)
+    sub = partition(inst, 2)[1]
+    wire = json.loads(json.dumps(instance_to_json(sub, mechanism="maxmin", params={})))
+    back, mechanism, params = instance_from_json(wire)
+    assert (back, mechanism) == (sub, "maxmin")
+    result = clear(back, mechanism=mechanism, params=params)
+    again = Result.from_json(json.loads(json.dumps(result.to_json())))
+    assert again.allocations == result.allocations
+    assert again.charges == result.charges and again.spend == result.spend

@@ -1,0 +1,69 @@
+"""Partitioned clearing on Celery: a very large round is split into sub-markets
+(market/clearing/partition.py), each cleared by a ``market.clear_part`` task on the
+clearing_parts queue, on however many workers consume it, and combined here.
+
+A part that fails, or does not come back in time (a lost worker), raises ClearingError, and
+the round fails as on any solver error: every hold released, nothing settled.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from celery import current_app, group
+from celery.exceptions import TimeoutError as CeleryTimeout
+from django.conf import settings
+
+from market import clearing
+from market.clearing.io import instance_to_json
+from market.clearing.partition import clear_partitioned
+from market.clearing.result import Result
+
+logger = logging.getLogger(__name__)
+
+
+def partition_parts(n_bids: int) -> int:
+    """How many parts a round of ``n_bids`` open bids is cleared in (1 = exact)."""
+    if n_bids < settings.GPUMARKET_PARTITION_ABOVE_BIDS:
+        return 1
+    return max(1, settings.GPUMARKET_PARTITION_PARTS)
+
+
+def clear_in_parts(
+    instance: clearing.Instance, *, mechanism: str, params: Mapping[str, Any] | None, parts: int
+) -> clearing.Result:
+    def clear_here(sub: clearing.Instance) -> clearing.Result:
+        return clearing.clear(sub, mechanism=mechanism, params=params)
+
+    def on_workers(_clear: object, subs: Iterable[clearing.Instance]) -> list[clearing.Result]:
+        subs = list(subs)
+        if not current_app.conf.result_backend:
+            # The embedded broker has no result backend: clear the parts here, one by one.
+            logger.info("no Celery result backend: clearing %d parts in-process", len(subs))
+            return [clear_here(sub) for sub in subs]
+        from market.tasks import clear_part_task
+
+        job = group(
+            clear_part_task.s(instance_to_json(sub, mechanism=mechanism, params=params), index)
+            for index, sub in enumerate(subs)
+        ).apply_async()
+        timeout = settings.GPUMARKET_PARTITION_TIMEOUT_SECONDS
+        try:
+            payloads = job.get(timeout=timeout, disable_sync_subtasks=False)
+        except CeleryTimeout:
+            job.revoke()
+            raise clearing.ClearingError(
+                f"{sum(1 for r in job.results if not r.ready())} of {len(subs)} parts of the "
+                f"partitioned clear did not come back within {timeout} s (no worker on the "
+                "clearing_parts queue, or one was lost)"
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - whatever a part raised fails the round
+            job.revoke()
+            raise clearing.ClearingError(f"a part of the partitioned clear failed: {exc}") from exc
+        finally:
+            job.forget()
+        return [Result.from_json(payload) for payload in payloads]
+
+    return clear_partitioned(instance, parts=parts, clear_part=clear_here, map_parts=on_workers)
