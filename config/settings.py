@@ -7,6 +7,7 @@ server, ``DEBUG`` on. Production sets ``DATABASE_URL`` (PostgreSQL), ``CELERY_BR
 
 import importlib.util
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -92,6 +93,7 @@ INSTALLED_APPS = [
     "tenants",
     "market",
     "telemetry",
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -103,7 +105,26 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out sign-in into the lock-out page.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Sign-in throttling (django-axes) on the site login and /admin/login/: a username with
+# AXES_FAILURE_LIMIT wrong passwords in a row is locked, and so is an address with that many,
+# each for AXES_COOLOFF_TIME; the right password does not get through a lock-out. Every
+# lock-out is an audit event (audit/receivers.py). Behind a reverse proxy, set
+# AXES_IPWARE_PROXY_COUNT so the client's address, not the proxy's, is counted.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 10)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_IPWARE_PROXY_COUNT = env_int("AXES_IPWARE_PROXY_COUNT", 0) or None
+AXES_VERBOSE = False
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
