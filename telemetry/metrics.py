@@ -83,6 +83,22 @@ def metrics_collect() -> list[_Family]:
     if last_seen is not None:
         seen.add(last_seen.timestamp())
 
+    refused = _Family(
+        "gpumarket_ingest_refused_batches_total",
+        "counter",
+        "Batches of a node refused whole after it authenticated (its reports are not getting in).",
+    )
+    dropped = _Family(
+        "gpumarket_ingest_refused_fields_total",
+        "counter",
+        "Process claims (allocation, Slurm job, pod) dropped from a node's accepted batches.",
+    )
+    for name, batches, fields in Node.objects.filter(revoked_at__isnull=True).values_list(
+        "name", "refused_batches", "refused_fields"
+    ):
+        refused.add(batches, node=name)
+        dropped.add(fields, node=name)
+
     gpus = _Family("gpumarket_gpus", "gauge", "GPUs by tier and state.")
     for row in Gpu.objects.values("tier__slug", "healthy", "maintenance").annotate(n=Count("id")):
         state = (
@@ -105,7 +121,21 @@ def metrics_collect() -> list[_Family]:
 
     audit_len = _Family("gpumarket_audit_events", "gauge", "Events in the audit log.")
     audit_len.add(AuditEvent.objects.aggregate(n=Max("seq"))["n"] or 0)
-    return [rounds, bids, capacity, price, nodes, simulated, seen, gpus, actions, ledger, audit_len]
+    return [
+        rounds,
+        bids,
+        capacity,
+        price,
+        nodes,
+        simulated,
+        seen,
+        refused,
+        dropped,
+        gpus,
+        actions,
+        ledger,
+        audit_len,
+    ]
 
 
 def metrics_render() -> str:

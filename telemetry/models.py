@@ -38,6 +38,12 @@ class Node(models.Model):
     last_seen_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Batches refused whole (after the node authenticated) and process claims dropped from
+    # accepted batches, since the node was registered; the last refusal and when, for alerts.
+    refused_batches = models.PositiveIntegerField(default=0)
+    refused_fields = models.PositiveIntegerField(default=0)
+    last_refusal = models.CharField(max_length=300, blank=True)
+    last_refusal_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]

@@ -135,6 +135,9 @@ def _heatmap(gpus: list[Gpu], *, now: datetime) -> str:
     return figure_html(fig, element_id="gpu-heatmap")
 
 
+REFUSAL_ALERT_WINDOW = timedelta(hours=1)
+
+
 @require_GET
 @staff_required
 def fleet(request: HttpRequest) -> HttpResponse:
@@ -144,6 +147,13 @@ def fleet(request: HttpRequest) -> HttpResponse:
     for g in gpus:
         per_node[g.node_id] += 1
     nodes = [{"node": n, "gpus": per_node.get(n.pk, 0)} for n in nodes_list()]
+    # Nodes whose batches were refused in the last hour: their reports may not be getting in.
+    recent = now - REFUSAL_ALERT_WINDOW
+    refusing = [
+        row["node"]
+        for row in nodes
+        if row["node"].last_refusal_at is not None and row["node"].last_refusal_at >= recent
+    ]
     return render(
         request,
         "telemetry/fleet.html",
@@ -152,6 +162,7 @@ def fleet(request: HttpRequest) -> HttpResponse:
             "gpus": gpus,
             "heatmap": _heatmap(gpus, now=now) if gpus else "",
             "any_simulated": any(row["node"].simulated for row in nodes),
+            "refusing": refusing,
         },
     )
 

@@ -9,10 +9,9 @@ from django.http import Http404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, permissions, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
-from core.api import query_filters
+from core.api import JSONParser, query_filters
 from market.api.serializers import (
     AllocationFilterSerializer,
     AllocationSerializer,

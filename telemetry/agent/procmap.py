@@ -14,7 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from telemetry.agent.protocol import ProcessState
+from telemetry.agent.protocol import (
+    MAX_POD_CHARS,
+    MAX_SLURM_JOB_CHARS,
+    ProcessState,
+    claim_clip,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +157,9 @@ def allocation_parse(value: str | None) -> int | None:
 
 
 def slurm_job_find(environ: Mapping[str, str], cgroup: str) -> str | None:
-    job = environ.get(SLURM_JOB_ENV)
+    """The Slurm job from the environment when it is one the server accepts, else from the
+    cgroup (which the process cannot set)."""
+    job = claim_clip(environ.get(SLURM_JOB_ENV), limit=MAX_SLURM_JOB_CHARS)
     if job:
         return job
     match = _SLURM_CGROUP.search(cgroup)
@@ -161,7 +168,7 @@ def slurm_job_find(environ: Mapping[str, str], cgroup: str) -> str | None:
 
 def pod_find(environ: Mapping[str, str], cgroup: str) -> str | None:
     """The pod's name from the downward API (`POD_NAME`), else its UID from the cgroup."""
-    name = environ.get(POD_NAME_ENV)
+    name = claim_clip(environ.get(POD_NAME_ENV), limit=MAX_POD_CHARS)
     if name:
         return name
     match = _POD_CGROUP.search(cgroup)

@@ -21,6 +21,22 @@ Action = Literal["pause", "resume", "terminate"]
 Outcome = Literal["done", "gone", "failed"]
 
 ACTIONS: frozenset[str] = frozenset({"pause", "resume", "terminate"})
+# The server's limits on what a process says about itself (telemetry/payload/parse.py). The
+# agent sends a claim past them as null, and at most this many processes per GPU, so that no
+# process on the node can make the node's batches fail: the process is then reported
+# unclaimed, which is what enforcement needs to see.
+MAX_SLURM_JOB_CHARS = 64
+MAX_POD_CHARS = 253
+MAX_PROCESSES_PER_GPU = 256
+
+
+def claim_clip(value: str | None, *, limit: int) -> str | None:
+    """``value`` if the server accepts it as a claim, else None."""
+    if not value or len(value) > limit or not value.isprintable():
+        return None
+    return value
+
+
 # Used when the server leaves grace_seconds out: long enough for a training job to write a
 # checkpoint on SIGTERM, short enough that a preemption does not hold a GPU for long.
 DEFAULT_GRACE_SECONDS = 30
@@ -68,8 +84,8 @@ class ProcessSample:
             "pid": self.pid,
             "memory_mib": self.memory_mib,
             "allocation": self.allocation,
-            "slurm_job": self.slurm_job,
-            "pod": self.pod,
+            "slurm_job": claim_clip(self.slurm_job, limit=MAX_SLURM_JOB_CHARS),
+            "pod": claim_clip(self.pod, limit=MAX_POD_CHARS),
             "state": self.state,
         }
 
@@ -102,7 +118,7 @@ class GpuSample:
             "power_w": self.power_w,
             "temperature_c": self.temperature_c,
             "energy_j": self.energy_j,
-            "processes": [process.to_wire() for process in self.processes],
+            "processes": [process.to_wire() for process in self.processes[:MAX_PROCESSES_PER_GPU]],
         }
 
 

@@ -96,9 +96,13 @@ def ingest(request: HttpRequest) -> JsonResponse:
         return response
     content_type = request.content_type or ""
     if content_type != "application/json":
-        return JsonResponse(
-            {"errors": {"content_type": [f"must be application/json, got {content_type!r}"]}},
-            status=415,
+        return _refused(
+            node,
+            TelemetryError(
+                "wrong content type",
+                errors={"content_type": [f"must be application/json, got {content_type!r}"]},
+                status=415,
+            ),
         )
     limit = settings.GPUMARKET_INGEST_MAX_BYTES
     too_big = {
@@ -109,23 +113,32 @@ def ingest(request: HttpRequest) -> JsonResponse:
     except ValueError:
         declared = 0
     if declared > limit:
-        return JsonResponse({"errors": too_big}, status=413)
+        return _refused(node, TelemetryError("too big", errors=too_big, status=413))
     # Read the stream directly: request.body would apply DATA_UPLOAD_MAX_MEMORY_SIZE, a limit
     # meant for form posts, not for telemetry batches.
     body = request.read(limit + 1)
     if len(body) > limit:
-        return JsonResponse({"errors": too_big}, status=413)
+        return _refused(node, TelemetryError("too big", errors=too_big, status=413))
     try:
         result = services.samples_ingest(node=node, payload=payload_load(body))
     except TelemetryError as exc:
-        return _refusal(exc)
+        return _refused(node, exc)
     return JsonResponse(
         {
             "stored": result.stored,
             "duplicate": result.duplicate,
             "directives": [directive_to_wire(a) for a in result.directives],
+            "refused": result.refused,
         }
     )
+
+
+def _refused(node, exc: TelemetryError) -> JsonResponse:
+    """Refuse the batch of an authenticated node, and count it against the node."""
+    if exc.status != 401:
+        field, messages = next(iter(exc.errors.items()), ("body", [str(exc)]))
+        services.batch_refusal_record(node=node, reason=f"{field}: {messages[0]}")
+    return _refusal(exc)
 
 
 class EnforcementActionSerializer(serializers.ModelSerializer):

@@ -25,6 +25,11 @@ def payload_load(body: bytes) -> dict[str, Any]:
         raise TelemetryError(
             "the body is not UTF-8", errors={"body": [f"is not UTF-8 text: {exc}"]}
         ) from exc
+    except RecursionError:
+        raise TelemetryError(
+            "the body is nested too deeply",
+            errors={"body": ["is nested too deeply; a batch is a few levels of objects and lists"]},
+        ) from None
     except ValueError as exc:
         # JSONDecodeError (truncated or malformed) and the NaN/Infinity refusal above.
         raise TelemetryError(

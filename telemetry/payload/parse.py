@@ -81,20 +81,34 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _text_problem(value: Any, *, max_length: int, required: bool) -> str:
+    """What is wrong with a text field, or "" when nothing is."""
+    if value is None and not required:
+        return ""
+    if type(value) is not str or (required and not value.strip()) or len(value) > max_length:
+        return (
+            f"must be {'a non-empty' if required else 'a'} string of at most {max_length} "
+            f"characters, got {_describe(value)}"
+        )
+    if "\x00" in value:
+        return "must not contain a NUL character"
+    return ""
+
+
 def _text(
     errors: _Errors, data: dict[str, Any], key: str, field: str, *, max_length: int, required: bool
 ) -> str:
     value = data.get(key)
-    if value is None and not required:
+    problem = _text_problem(value, max_length=max_length, required=required)
+    if problem:
+        errors.add(field, problem)
         return ""
-    if type(value) is not str or (required and not value.strip()) or len(value) > max_length:
-        errors.add(
-            field,
-            f"must be {'a non-empty' if required else 'a'} string of at most {max_length} "
-            f"characters, got {_describe(value)}",
-        )
-        return ""
-    return value
+    return value or ""
+
+
+def _one_of(value: Any, allowed: frozenset[str] | set[str]) -> bool:
+    # Checked as a string first: a list or an object is not hashable, and must not be a 500.
+    return type(value) is str and value in allowed
 
 
 class _Clock:
@@ -173,13 +187,33 @@ def _gpus_parse(errors: _Errors, raw: Any) -> tuple[GpuReport, ...]:
     return tuple(gpus)
 
 
-def _processes_parse(errors: _Errors, raw: Any, field: str) -> tuple[ProcessReport, ...]:
+def _claim(
+    refused: dict[str, list[str]], item: dict[str, Any], key: str, where: str, max_length: int
+) -> str:
+    """A work claim a process sets in its own environment (SLURM_JOB_ID, POD_NAME): a bad one
+    is dropped and named, never a reason to refuse the node's batch."""
+    problem = _text_problem(item.get(key), max_length=max_length, required=False)
+    if problem:
+        refused.setdefault(f"{where}.{key}", []).append(f"{problem}; dropped")
+        return ""
+    return item.get(key) or ""
+
+
+def _processes_parse(
+    errors: _Errors, raw: Any, field: str, refused: dict[str, list[str]]
+) -> tuple[ProcessReport, ...]:
+    """The processes of one sample. What the agent measures (pid, memory, state) must be
+    right or the batch is refused; what a process claims about itself (its allocation, Slurm
+    job or pod) is untrusted: a bad claim is dropped and named in ``refused``, and the process
+    is kept, unclaimed, so enforcement still sees it."""
     if type(raw) is not list:
         errors.add(field, f"must be a list, got {_describe(raw)}")
         return ()
     if len(raw) > MAX_PROCESSES_PER_SAMPLE:
-        errors.add(field, f"has {len(raw)} processes; at most {MAX_PROCESSES_PER_SAMPLE} per GPU")
-        return ()
+        refused.setdefault(field, []).append(
+            f"has {len(raw)} processes; kept the first {MAX_PROCESSES_PER_SAMPLE}"
+        )
+        raw = raw[:MAX_PROCESSES_PER_SAMPLE]
     processes = []
     for j, item in enumerate(raw):
         where = f"{field}[{j}]"
@@ -195,27 +229,32 @@ def _processes_parse(errors: _Errors, raw: Any, field: str) -> tuple[ProcessRepo
                 f"{where}.memory_mib",
                 f"must be a whole number of MiB, 0..{MEMORY_MAX_MIB}, got {_describe(memory)}",
             )
+        state = item.get("state")
+        if not _one_of(state, PROCESS_STATES):
+            errors.add(f"{where}.state", f"must be 'running' or 'stopped', got {_describe(state)}")
         allocation = item.get("allocation")
         if allocation is not None and (
             type(allocation) is not int or not 1 <= allocation <= ALLOCATION_MAX
         ):
-            errors.add(
-                f"{where}.allocation",
-                f"must be an allocation id (a positive whole number) or null, got {_describe(allocation)}",
+            refused.setdefault(f"{where}.allocation", []).append(
+                "must be an allocation id (a positive whole number) or null, got "
+                f"{_describe(allocation)}; dropped"
             )
-        slurm_job = _text(
-            errors, item, "slurm_job", f"{where}.slurm_job", max_length=64, required=False
-        )
-        pod = _text(errors, item, "pod", f"{where}.pod", max_length=253, required=False)
-        state = item.get("state")
-        if state not in PROCESS_STATES:
-            errors.add(f"{where}.state", f"must be 'running' or 'stopped', got {_describe(state)}")
+            allocation = None
+        slurm_job = _claim(refused, item, "slurm_job", where, 64)
+        pod = _claim(refused, item, "pod", where, 253)
         processes.append(ProcessReport(pid, memory, allocation, slurm_job, pod, state))  # type: ignore[arg-type]
     return tuple(processes)
 
 
 def _samples_parse(
-    errors: _Errors, raw: Any, *, clock: _Clock, gpu_uuids: set[str], max_samples: int
+    errors: _Errors,
+    raw: Any,
+    *,
+    clock: _Clock,
+    gpu_uuids: set[str],
+    max_samples: int,
+    refused: dict[str, list[str]],
 ) -> tuple[list[SampleRow], dict[str, tuple[datetime, tuple[ProcessReport, ...]]]]:
     if type(raw) is not list:
         errors.add("samples", f"must be a list, got {_describe(raw)}")
@@ -235,7 +274,7 @@ def _samples_parse(
             continue
         ok = True
         gpu = s.get("gpu")
-        if gpu not in gpu_uuids:
+        if not _one_of(gpu, gpu_uuids):
             ok = False
             add(
                 f"samples[{i}].gpu",
@@ -269,7 +308,7 @@ def _samples_parse(
         processes_raw = s.get("processes")
         processes: tuple[ProcessReport, ...] = ()
         if processes_raw is not None and processes_raw != []:
-            processes = _processes_parse(errors, processes_raw, f"samples[{i}].processes")
+            processes = _processes_parse(errors, processes_raw, f"samples[{i}].processes", refused)
         if not ok:
             continue
         rows.append((gpu, at, util, used, total, power, temperature, energy))  # type: ignore[arg-type]
@@ -299,7 +338,7 @@ def _results_parse(errors: _Errors, raw: Any) -> tuple[DirectiveOutcome, ...]:
             errors.add(f"{field}.id", f"must be a directive id, got {_describe(directive_id)}")
             continue
         outcome = item.get("outcome")
-        if outcome not in OUTCOMES:
+        if not _one_of(outcome, OUTCOMES):
             errors.add(
                 f"{field}.outcome", f"must be 'done', 'gone' or 'failed', got {_describe(outcome)}"
             )
@@ -309,6 +348,9 @@ def _results_parse(errors: _Errors, raw: Any) -> tuple[DirectiveOutcome, ...]:
             detail = ""
         if type(detail) is not str:
             errors.add(f"{field}.detail", f"must be a string, got {_describe(detail)}")
+            continue
+        if "\x00" in detail:
+            errors.add(f"{field}.detail", "must not contain a NUL character")
             continue
         results.append(DirectiveOutcome(directive_id, outcome, detail[:500]))
     return tuple(results)
@@ -345,19 +387,21 @@ def payload_parse(raw: dict[str, Any], *, now: datetime, limits: Limits) -> Batc
         errors.add("sent_at", sent)
 
     backend = raw.get("backend")
-    if backend not in BACKENDS:
+    if not _one_of(backend, BACKENDS):
         errors.add("backend", f"must be 'nvml' or 'simulated', got {_describe(backend)}")
     agent_version = _text(
         errors, raw, "agent_version", "agent_version", max_length=40, required=True
     )
     hostname = _text(errors, raw, "hostname", "hostname", max_length=255, required=True)
     gpus = _gpus_parse(errors, raw.get("gpus"))
+    refused: dict[str, list[str]] = {}
     rows, latest = _samples_parse(
         errors,
         raw.get("samples"),
         clock=clock,
         gpu_uuids={gpu.uuid for gpu in gpus},
         max_samples=limits.max_samples,
+        refused=refused,
     )
     results = _results_parse(errors, raw.get("directive_results"))
     if errors.count:
@@ -375,4 +419,5 @@ def payload_parse(raw: dict[str, Any], *, now: datetime, limits: Limits) -> Batc
         directive_results=results,
         first_at=min(times) if times else None,
         last_at=max(times) if times else None,
+        refused=refused,
     )

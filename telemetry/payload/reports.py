@@ -4,7 +4,7 @@ checked against (docs/telemetry-protocol.md)."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -88,3 +88,5 @@ class BatchReport:
     directive_results: tuple[DirectiveOutcome, ...]
     first_at: datetime | None
     last_at: datetime | None
+    # Untrusted process claims that were dropped, by field, with why: the batch was kept.
+    refused: dict[str, list[str]] = field(default_factory=dict)

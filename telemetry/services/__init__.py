@@ -7,7 +7,7 @@ asks ``verdicts`` what each observed process may do.
 """
 
 from telemetry.services.enforcement import EnforceReport, enforce
-from telemetry.services.ingest import IngestResult, samples_ingest
+from telemetry.services.ingest import IngestResult, batch_refusal_record, samples_ingest
 from telemetry.services.nodes import (
     gpu_maintenance_set,
     node_authenticate,
@@ -21,6 +21,7 @@ __all__ = [
     "EnforceReport",
     "IngestResult",
     "RollupResult",
+    "batch_refusal_record",
     "enforce",
     "gpu_maintenance_set",
     "node_authenticate",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, Value, When
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 import audit.services as audit
@@ -24,6 +24,8 @@ class IngestResult:
     # Directives for the node's agent, oldest first: pending ones are sent again until the
     # agent reports their outcome (the agent applies each id once).
     directives: list[EnforcementAction]
+    # Untrusted process claims dropped from this batch, by field (the batch itself was kept).
+    refused: dict[str, list[str]]
 
 
 _OUTCOME_STATES = {
@@ -38,8 +40,9 @@ def samples_ingest(*, node: Node, payload: dict, now: datetime | None = None) ->
     """Validate and store one batch from ``node``'s agent; record directive outcomes; return
     the node's pending directives.
 
-    A batch with any bad field is refused whole (TelemetryError with field errors) and
-    nothing of it is stored. A batch id seen before is stored once: the retry gets
+    A batch with any bad field the agent measured is refused whole (TelemetryError with field
+    errors) and nothing of it is stored. A bad claim a process made about itself (allocation,
+    Slurm job, pod) is dropped and named in ``refused``; the rest of the batch is stored. A batch id seen before is stored once: the retry gets
     ``duplicate=True`` and the directives, so an agent whose response was lost loses nothing.
     """
     now = now or timezone.now()
@@ -98,6 +101,14 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
         _processes_store(node=node, report=report, gpus=gpus, now=now)
 
     was_healthy = node.healthy
+    refusal: dict[str, object] = {}
+    if report.refused and not duplicate:
+        name, messages = next(iter(report.refused.items()))
+        refusal = {
+            "refused_fields": F("refused_fields") + sum(map(len, report.refused.values())),
+            "last_refusal": f"{name}: {messages[0]}"[:300],
+            "last_refusal_at": now,
+        }
     Node.objects.filter(pk=node.pk).update(
         healthy=True,
         last_seen_at=now,
@@ -105,6 +116,7 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
         simulated=report.backend == Node.Backend.SIMULATED,
         hostname=report.hostname,
         agent_version=report.agent_version,
+        **refusal,
     )
     if not was_healthy:
         audit.record(
@@ -122,6 +134,17 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
         stored=0 if duplicate else len(report.samples),
         duplicate=duplicate,
         directives=_directives_deliver(node=node, now=now),
+        refused=report.refused,
+    )
+
+
+def batch_refusal_record(*, node: Node, reason: str, now: datetime | None = None) -> None:
+    """Count a batch of ``node`` refused whole (a 4xx after the node authenticated), so that
+    a node whose reports stop getting through shows on the fleet page and in /metrics."""
+    Node.objects.filter(pk=node.pk).update(
+        refused_batches=F("refused_batches") + 1,
+        last_refusal=reason[:300],
+        last_refusal_at=now or timezone.now(),
     )
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from django.db.models import Model, QuerySet
 from rest_framework import permissions, viewsets
-from rest_framework.parsers import JSONParser
 from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
-from core.api import StrictLimitOffsetPagination
+from core.api import JSONParser, StrictLimitOffsetPagination
 from tenants.access import access_object, membership_of, scoped
 from tenants.models import ApiToken, Tenant
 

@@ -218,3 +218,60 @@ def test_agent_survives_an_outage_and_delivers_its_backlog(server, agent_factory
         assert len(during) >= OUTAGE_SECONDS / AGENT_SECONDS - 2, (gpu.uuid, len(during))
         # No batch missing anywhere: no hole of several intervals in the sample stream.
         assert _gaps(times) < 3 * AGENT_SECONDS, (gpu.uuid, _gaps(times))
+
+
+def test_a_hostile_process_cannot_blind_its_node_and_is_paused(
+    celery_worker_process, redis_url, server, agent_factory, children, tier
+):
+    """A job that sets a 100-character SLURM_JOB_ID, a 300-character POD_NAME and a claim
+    that is no allocation id once made every batch of its node fail: the job was never paused
+    and the node's GPUs left capacity. Now its node keeps reporting and the job is paused."""
+    now = timezone.now()
+    team = factories.tenant(name="Owners", credits=1_000 * MILLI)
+    granted = allocation_make(
+        tenant=team,
+        tier=tier,
+        gpus=1,
+        starts_at=now - timedelta(minutes=5),
+        ends_at=now + timedelta(hours=1),
+    )
+    node, token = node_register(name="hostile-node", tier=tier, actor="test")
+    agent = agent_factory(
+        server=server.url, token=token, node_name=node.name, interval=AGENT_SECONDS
+    )
+    beat = BeatTicks(broker_url=redis_url, seconds=ENFORCE_SECONDS)
+    beat.start()
+    try:
+        owner = spawn_simulated_work(node.name, 0, allocation=granted.pk, duty=0.2)
+        hostile = spawn_simulated_work(
+            node.name,
+            1,
+            duty=0.2,
+            extra_env={
+                "SLURM_JOB_ID": "9" * 100,
+                "POD_NAME": "p" * 300,
+                "GPUMARKET_ALLOCATION": f"{granted.pk}; DROP TABLE",
+            },
+        )
+        children.extend([owner, hostile])
+        assert wait_until(lambda: Gpu.objects.filter(node=node).count() == 2, timeout=20), (
+            agent.log()
+        )
+        assert wait_until(lambda: stopped(hostile.pid), timeout=WITHIN), (
+            actions(hostile.pid),
+            agent.log(),
+        )
+        assert running(owner.pid)
+        # The node keeps reporting: batches keep arriving and none was refused.
+        before = IngestBatch.objects.filter(node=node).count()
+        assert wait_until(
+            lambda: IngestBatch.objects.filter(node=node).count() >= before + 2, timeout=10
+        ), agent.log()
+    finally:
+        beat.stop()
+    node.refresh_from_db()
+    assert node.healthy and node.refused_batches == 0
+    assert Gpu.objects.filter(node=node, healthy=True).count() == 2
+    pause = EnforcementAction.objects.get(pid=hostile.pid, action="pause")
+    assert pause.allocation_ref is None
+    assert agent.alive

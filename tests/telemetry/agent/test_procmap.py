@@ -102,3 +102,13 @@ def test_pod_comes_from_pod_name_else_the_cgroup_pod_uid():
     assert pod_find({}, systemd) == uid
     assert pod_find({"POD_NAME": "trainer-0"}, cgroupfs) == "trainer-0"
     assert pod_find({}, "0::/\n") is None
+
+
+def test_a_claim_the_server_would_refuse_falls_back_to_the_cgroup():
+    cgroup = "0::/system.slice/slurmstepd.scope/job_31337/step_0/user/task_0\n"
+    uid = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"
+
+    assert slurm_job_find({"SLURM_JOB_ID": "9" * 100}, cgroup) == "31337"
+    assert slurm_job_find({"SLURM_JOB_ID": "9" * 100}, "0::/\n") is None
+    assert slurm_job_find({"SLURM_JOB_ID": "1\x002"}, "0::/\n") is None
+    assert pod_find({"POD_NAME": "p" * 300}, f"0::/kubepods/pod{uid}/x\n") == uid

@@ -87,3 +87,40 @@ def test_every_batch_has_its_own_id():
     }
 
     assert len(ids) == 100
+
+
+def test_claims_the_server_would_refuse_are_sent_as_null_and_processes_capped():
+    from datetime import UTC, datetime
+
+    from telemetry.agent.protocol import MAX_PROCESSES_PER_GPU, GpuSample, ProcessSample
+
+    def proc(pid: int, **claims) -> ProcessSample:
+        base = {"allocation": None, "slurm_job": None, "pod": None}
+        return ProcessSample(pid=pid, memory_mib=1, state="running", **(base | claims))
+
+    hostile = [
+        proc(1, slurm_job="9" * 100),
+        proc(2, pod="p" * 300),
+        proc(3, slurm_job="12\x0034"),
+        proc(4, slurm_job="4242", pod="train-0"),
+    ]
+    many = hostile + [proc(10 + i) for i in range(MAX_PROCESSES_PER_GPU)]
+    sample = GpuSample(
+        gpu="GPU-1",
+        at=datetime.now(UTC),
+        utilization_pct=1.0,
+        memory_used_mib=1,
+        memory_total_mib=10,
+        power_w=1.0,
+        temperature_c=30.0,
+        energy_j=1.0,
+        processes=tuple(many),
+    )
+    wire = sample.to_wire()["processes"]
+    assert len(wire) == MAX_PROCESSES_PER_GPU
+    assert [(p["slurm_job"], p["pod"]) for p in wire[:4]] == [
+        (None, None),
+        (None, None),
+        (None, None),
+        ("4242", "train-0"),
+    ]
