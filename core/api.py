@@ -10,7 +10,7 @@ every app, so every app's API can use it.
 
 from __future__ import annotations
 
-from rest_framework import exceptions, parsers
+from rest_framework import exceptions, parsers, serializers
 from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 
@@ -75,3 +75,17 @@ class JSONParser(parsers.JSONParser):
             return super().parse(stream, media_type, parser_context)
         except RecursionError:
             raise ParseError("JSON parse error - the body is nested too deeply") from None
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """An integer in a JSON body: a JSON integer only. DRF's IntegerField also takes "3",
+    3.0 and true, which the API documents as refused."""
+
+    default_error_messages = {
+        "invalid": "must be a whole number written as a JSON integer (not a string or a float)."
+    }
+
+    def to_internal_value(self, data):
+        if type(data) is not int:
+            self.fail("invalid")
+        return super().to_internal_value(data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from core.api import StrictIntegerField
 from market.models import Allocation, Bid, PolicyVersion, Round, Tier
 from market.services._common import MAX_GPUS, MAX_PRICE
 
@@ -120,20 +121,20 @@ _LIMITS_HELP = (
 
 
 class BidCreateSerializer(serializers.Serializer):
-    round = serializers.IntegerField(min_value=1, help_text="The id of the round open for bids.")
-    quantity = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, help_text="GPUs wanted.")
-    min_quantity = serializers.IntegerField(
+    round = StrictIntegerField(min_value=1, help_text="The id of the round open for bids.")
+    quantity = StrictIntegerField(min_value=1, max_value=MAX_GPUS, help_text="GPUs wanted.")
+    min_quantity = StrictIntegerField(
         min_value=0,
         max_value=MAX_GPUS,
         default=0,
         help_text="All or nothing below this many GPUs; 0 = any number up to quantity is useful.",
     )
     limits = serializers.DictField(
-        child=serializers.IntegerField(min_value=1, max_value=MAX_PRICE),
+        child=StrictIntegerField(min_value=1, max_value=MAX_PRICE),
         allow_empty=False,
         help_text=_LIMITS_HELP,
     )
-    campaign = serializers.IntegerField(
+    campaign = StrictIntegerField(
         min_value=1,
         allow_null=True,
         required=False,
@@ -144,10 +145,10 @@ class BidCreateSerializer(serializers.Serializer):
 
 
 class BidEditSerializer(serializers.Serializer):
-    quantity = serializers.IntegerField(min_value=1, max_value=MAX_GPUS, required=False)
-    min_quantity = serializers.IntegerField(min_value=0, max_value=MAX_GPUS, required=False)
+    quantity = StrictIntegerField(min_value=1, max_value=MAX_GPUS, required=False)
+    min_quantity = StrictIntegerField(min_value=0, max_value=MAX_GPUS, required=False)
     limits = serializers.DictField(
-        child=serializers.IntegerField(min_value=1, max_value=MAX_PRICE),
+        child=StrictIntegerField(min_value=1, max_value=MAX_PRICE),
         allow_empty=False,
         required=False,
         help_text=_LIMITS_HELP,

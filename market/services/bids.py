@@ -157,7 +157,9 @@ def bid_place(
             raise MarketError("an idempotency key has at most 80 characters")
         previous = Bid.objects.filter(tenant=tenant, idempotency_key=key).first()
         if previous is not None:
-            return _same_bid_or_refuse(previous, terms=terms, round_id=round.pk, key=key)
+            return _same_bid_or_refuse(
+                previous, terms=terms, round_id=round.pk, key=key, campaign=campaign, note=note
+            )
     rnd = _round_open_locked(round_id=round.pk, now=now)
     escrow = bid_escrow(quantity=terms.quantity, limits=terms.limits, seconds=window_seconds(rnd))
     _budget_or_refuse(tenant=tenant, amount=escrow, campaign=campaign, now=now)
@@ -179,7 +181,9 @@ def bid_place(
             raise
         # The same key raced in from another request; that one owns the bid.
         previous = Bid.objects.get(tenant=tenant, idempotency_key=key)
-        return _same_bid_or_refuse(previous, terms=terms, round_id=round.pk, key=key)
+        return _same_bid_or_refuse(
+            previous, terms=terms, round_id=round.pk, key=key, campaign=campaign, note=note
+        )
     BidLimit.objects.bulk_create(
         [
             BidLimit(bid=bid, tier=terms.tiers[slug], price=price)
@@ -205,9 +209,21 @@ def bid_place(
     return bid
 
 
-def _same_bid_or_refuse(previous: Bid, *, terms: _Terms, round_id: int, key: str) -> Bid:
+def _same_bid_or_refuse(
+    previous: Bid,
+    *,
+    terms: _Terms,
+    round_id: int,
+    key: str,
+    campaign: Campaign | None,
+    note: str,
+) -> Bid:
+    """The bid a key was first used for, when this request asks for the same; a replay that
+    differs in anything it would store (terms, round, campaign, note) is refused."""
     same = (
         previous.round_id == round_id
+        and previous.campaign_id == (campaign.pk if campaign is not None else None)
+        and previous.note == str(note or "")[:200]
         and previous.quantity == terms.quantity
         and previous.min_quantity == terms.min_quantity
         and _limits_of(previous) == terms.limits

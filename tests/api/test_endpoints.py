@@ -78,6 +78,55 @@ def test_idempotency_key_makes_a_retry_return_the_first_bid(world):
     assert "other terms" in other.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    "changed",
+    [
+        pytest.param({"note": "another job"}, id="note"),
+        pytest.param({"campaign": "world"}, id="campaign"),
+    ],
+)
+def test_an_idempotency_key_replayed_with_another_campaign_or_note_is_a_409(world, changed):
+    api = world.a.client()
+    first = post(api, "/api/v1/bids", bid_body(world, note="job 7"), HTTP_IDEMPOTENCY_KEY="k-cn")
+    assert first.status_code == 201, first.content
+    if changed.get("campaign") == "world":
+        changed = {"campaign": world.a.campaign.pk}
+    replay = post(
+        api, "/api/v1/bids", bid_body(world, note="job 7") | changed, HTTP_IDEMPOTENCY_KEY="k-cn"
+    )
+    assert replay.status_code == 409, replay.content
+    assert "other terms" in replay.json()["error"]["message"]
+    assert Bid.objects.filter(tenant=world.a.tenant, idempotency_key="k-cn").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("quantity", "3"),
+        ("quantity", 3.0),
+        ("quantity", True),
+        ("min_quantity", "0"),
+        ("round", "ROUND"),
+        ("campaign", "CAMPAIGN"),
+        ("limits", {TIER: "1500"}),
+        ("limits", {TIER: 1500.0}),
+    ],
+)
+def test_the_bids_api_takes_integers_as_json_integers_only(world, field, value):
+    api = world.a.client()
+    if value == "ROUND":
+        value = str(world.open_round.pk)
+    if value == "CAMPAIGN":
+        value = str(world.a.campaign.pk)
+    bids = Bid.objects.count()
+    response = post(api, "/api/v1/bids", bid_body(world) | {field: value})
+    assert response.status_code == 400, response.content
+    fields = response.json()["error"]["fields"]
+    assert any(name.startswith(field) for name in fields), fields
+    assert "whole number" in str(fields)
+    assert Bid.objects.count() == bids
+
+
 def test_refusals_write_nothing_and_say_why(world):
     api = world.a.client()
     bids = Bid.objects.count()
