@@ -15,6 +15,7 @@ COPY static ./static
 COPY manage.py ./
 RUN pip install -e . && useradd --create-home gpumarket
 RUN SECRET_KEY=build-only GPUMARKET_AUDIT_KEYS=build:build-only-audit-key-never-used-at-run-time \
+    GPUMARKET_METRICS_TOKEN=build-only \
     python manage.py collectstatic --noinput
 RUN mkdir -p /var/lib/gpumarket/audit && chown gpumarket /var/lib/gpumarket/audit
 USER gpumarket

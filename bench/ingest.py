@@ -50,6 +50,7 @@ def _server_env(url: str) -> dict[str, str]:
         DEBUG="0",
         SECRET_KEY="bench-" + uuid.uuid4().hex,
         GPUMARKET_AUDIT_KEYS="bench:" + uuid.uuid4().hex,
+        GPUMARKET_METRICS_TOKEN="bench-" + uuid.uuid4().hex,
         SECURE_SSL_REDIRECT="0",
         ALLOWED_HOSTS="127.0.0.1",
         # Persistent connections, as in production: a new connection per request would

@@ -320,8 +320,14 @@ GPUMARKET_AUDIT_CHECKPOINT_PATH = os.environ.get(
     "GPUMARKET_AUDIT_CHECKPOINT_PATH", str(VAR_DIR / "audit-checkpoints.jsonl")
 )
 
-# A bearer token for /metrics; empty = open (it shows platform-wide aggregates only).
+# The bearer token /metrics asks for. Required when DEBUG is off: the figures are
+# platform-wide aggregates, but they are nobody's business outside the operators.
 GPUMARKET_METRICS_TOKEN = os.environ.get("GPUMARKET_METRICS_TOKEN", "")
+if not GPUMARKET_METRICS_TOKEN and not DEBUG:
+    raise ImproperlyConfigured(
+        "GPUMARKET_METRICS_TOKEN is required when DEBUG is off: set it to a random secret and "
+        "give the same one to the Prometheus scrape job (Authorization: Bearer <token>)"
+    )
 
 # Telemetry (seconds unless named otherwise).
 GPUMARKET_NODE_STALE_SECONDS = env_int("GPUMARKET_NODE_STALE_SECONDS", 90)

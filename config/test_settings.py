@@ -5,6 +5,7 @@ import tempfile
 
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production")
 os.environ.setdefault("GPUMARKET_AUDIT_KEYS", "test:test-only-audit-key-not-for-production")
+os.environ.setdefault("GPUMARKET_METRICS_TOKEN", "test-only-metrics-token")
 # Checkpoints of this run's log only (subprocesses inherit the path), never the demo's file.
 os.environ.setdefault(
     "GPUMARKET_AUDIT_CHECKPOINT_PATH",

@@ -142,8 +142,8 @@ def test_a_refused_batch_is_counted_and_shows_on_the_fleet_page_and_in_metrics(
     node = Node.objects.get()
     assert node.refused_batches == 2
     assert "utilization_pct" in node.last_refusal or "JSON" in node.last_refusal
-    settings.GPUMARKET_METRICS_TOKEN = ""
-    metrics = client.get("/metrics").content.decode()
+    bearer = {"Authorization": f"Bearer {settings.GPUMARKET_METRICS_TOKEN}"}
+    metrics = client.get("/metrics", headers=bearer).content.decode()
     assert 'gpumarket_ingest_refused_batches_total{node="n1"} 2' in metrics
     client.force_login(factories.admin_user())
     page = client.get("/fleet/").content.decode()

@@ -21,7 +21,8 @@ def _value(body: str, name: str, **labels: str) -> float:
     return float(match.group(1))
 
 
-def test_metrics_follow_the_state_and_name_no_tenant(client):
+def test_metrics_follow_the_state_and_name_no_tenant(client, settings):
+    client.defaults["HTTP_AUTHORIZATION"] = f"Bearer {settings.GPUMARKET_METRICS_TOKEN}"
     tenant = factories.tenant(name="Secret Team Name", credits=5_000)
     Tier.objects.create(slug="a100", name="A100", capacity=6, maintenance_gpus=1)
     response = client.get("/metrics")
@@ -47,3 +48,30 @@ def test_metrics_token_when_configured(client, settings):
     assert (
         client.get("/metrics", headers={"Authorization": "Bearer scrape-secret"}).status_code == 200
     )
+
+
+def test_metrics_are_closed_without_a_token_unless_debug(client, settings):
+    settings.GPUMARKET_METRICS_TOKEN = ""
+    settings.DEBUG = False
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers={"Authorization": "Bearer "}).status_code == 401
+    settings.DEBUG = True
+    assert client.get("/metrics").status_code == 200
+
+
+def test_production_settings_refuse_to_start_without_a_metrics_token():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "GPUMARKET_METRICS_TOKEN"}
+    env.update(DEBUG="0", DJANGO_SETTINGS_MODULE="config.settings")
+    result = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "GPUMARKET_METRICS_TOKEN is required when DEBUG is off" in result.stderr
