@@ -30,7 +30,7 @@ CHROMIUM_ARGS = [
 @pytest.fixture
 def page(live_server, monkeypatch) -> Iterator[object]:
     """A fresh Chromium on the live server; asserts afterwards that every request the page
-    made went to the live server.
+    made went to the live server, and that the Content-Security-Policy blocked nothing.
 
     Chromium is started per test, after the live server and stopped before it: Playwright's
     sync API keeps an asyncio loop in this thread while it runs, which Django's ORM guard
@@ -48,6 +48,7 @@ def page(live_server, monkeypatch) -> Iterator[object]:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     server = urlsplit(live_server.url)
     requests: list[str] = []
+    blocked: list[str] = []
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         context = browser.new_context(
@@ -56,6 +57,13 @@ def page(live_server, monkeypatch) -> Iterator[object]:
         page = context.new_page()
         page.set_default_timeout(15_000)
         page.on("request", lambda request: requests.append(request.url))
+        # Chromium reports what the Content-Security-Policy blocked on the console.
+        page.on(
+            "console",
+            lambda message: (
+                blocked.append(message.text) if "Content Security Policy" in message.text else None
+            ),
+        )
         yield page
         context.close()
         browser.close()
@@ -67,6 +75,7 @@ def page(live_server, monkeypatch) -> Iterator[object]:
     ]
     assert requests, "the page made no request at all"
     assert not outside, f"requests left the live server: {outside}"
+    assert not blocked, f"the Content-Security-Policy blocked: {blocked}"
 
 
 def login(page, username: str, password: str) -> None:
