@@ -2,6 +2,8 @@
 goes through the ledger service with a reason, like every other movement of credits."""
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 
@@ -19,7 +21,7 @@ from tenants.models import (
     Tenant,
     Transfer,
 )
-from tenants.services import member_add, tenant_create
+from tenants.services import tenant_create
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -34,18 +36,33 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 class MembershipInline(admin.TabularInline):
+    """Shown, not edited: members are created, re-roled and removed on the team's page, where
+    the services check them and audit every change."""
+
     model = Membership
     extra = 0
-    fields = ("user", "role")
+    fields = readonly_fields = ("user", "role", "created_at")
     can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
+    """A tenant is created here through the service (accounts, audit event); once created it
+    is read-only here: grants have their own page, weights and members their pages."""
+
     list_display = ("name", "slug", "weight", "available", "escrow")
     search_fields = ("name", "slug")
     inlines = [MembershipInline]
     readonly_fields = ("created_at",)
+
+    def has_change_permission(self, request, obj=None):
+        return obj is None and super().has_change_permission(request, obj)
 
     def available(self, obj):
         return credits(obj.accounts.get(kind=Account.Kind.AVAILABLE).balance)
@@ -64,28 +81,15 @@ class TenantAdmin(admin.ModelAdmin):
         ]
 
     def save_model(self, request, obj, form, change):
-        if change:
-            super().save_model(request, obj, form, change)
-            return
-        # A new tenant needs its accounts and an audit event: create it through the service.
+        # Only additions reach here (changes are refused above). A new tenant needs its
+        # accounts and an audit event: create it through the service.
         created = tenant_create(name=obj.name, slug=obj.slug, weight=obj.weight, actor=request.user)
         obj.pk = created.pk
         obj.created_at = created.created_at
 
     def save_formset(self, request, form, formset, change):
-        # Memberships are written by the service so each change is audited.
-        for inline_form in formset.forms:
-            if not inline_form.has_changed() or not inline_form.is_valid():
-                continue
-            data = inline_form.cleaned_data
-            if data.get("DELETE"):
-                raise TenantError("remove members from the tenant's members page")
-            member_add(
-                tenant=form.instance,
-                username=data["user"].get_username(),
-                role=data["role"],
-                actor=request.user,
-            )
+        # The membership inline is read-only; nothing to save.
+        return None
 
     def grant_view(self, request, pk):
         tenant = Tenant.objects.get(pk=pk)
@@ -147,12 +151,17 @@ class LedgerOperationAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Campaign)
-class CampaignAdmin(admin.ModelAdmin):
+class CampaignAdmin(ReadOnlyAdmin):
+    """Managers create campaigns on the team's page (the service audits them)."""
+
     list_display = ("name", "tenant", "starts_at", "ends_at")
 
 
 @admin.register(Budget)
-class BudgetAdmin(admin.ModelAdmin):
+class BudgetAdmin(ReadOnlyAdmin):
+    """Caps are set on the team's and the staff budget pages, through the service that
+    audits them and re-checks enforcement; here they are only shown."""
+
     list_display = ("tenant", "window", "campaign", "mode", "cap", "active")
     list_filter = ("window", "mode", "active")
 
@@ -161,3 +170,16 @@ class BudgetAdmin(admin.ModelAdmin):
 class NotificationAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "tenant", "level", "kind", "message")
     list_filter = ("level", "kind")
+
+
+admin.site.unregister(get_user_model())
+
+
+@admin.register(get_user_model())
+class AuditedUserAdmin(UserAdmin):
+    """Django's user admin; every change of is_staff, is_superuser or is_active it saves is
+    an audit event naming the administrator (audit/receivers.py records it)."""
+
+    def save_model(self, request, obj, form, change):
+        obj._audit_actor = request.user
+        super().save_model(request, obj, form, change)

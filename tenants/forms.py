@@ -56,19 +56,41 @@ class CreditsField(forms.CharField):
 
 
 class MemberForm(forms.Form):
-    username = forms.CharField(max_length=150)
+    """A new account for the team: the team page never attaches an existing one."""
+
+    username = forms.CharField(
+        max_length=150,
+        help_text="A new account: English letters, digits and @ . + - _ only.",
+    )
     role = forms.ChoiceField(choices=Membership.Role.choices)
-    password = forms.CharField(
-        required=False,
+    password1 = forms.CharField(
         widget=forms.PasswordInput(render_value=False),
         label="Initial password",
-        help_text="For a new user only; leave empty for an existing user.",
+        strip=False,
+        help_text="At least 8 characters, not a common or all-numeric password.",
     )
+    password2 = forms.CharField(
+        widget=forms.PasswordInput(render_value=False),
+        label="Password again",
+        strip=False,
+    )
+
+    def clean(self):
+        data = super().clean()
+        if data.get("password1") and data.get("password2") != data.get("password1"):
+            self.add_error("password2", "The two passwords do not match; type them again.")
+        return data
 
 
 class RoleForm(forms.Form):
     username = forms.CharField(max_length=150, widget=forms.HiddenInput)
     role = forms.ChoiceField(choices=Membership.Role.choices)
+    confirm = forms.BooleanField(required=False, widget=forms.HiddenInput)
+
+
+class MemberRemoveForm(forms.Form):
+    username = forms.CharField(max_length=150, widget=forms.HiddenInput)
+    confirm = forms.BooleanField(required=False, widget=forms.HiddenInput)
 
 
 class CampaignForm(forms.Form):

@@ -12,6 +12,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -24,13 +25,14 @@ from tenants.forms import (
     CampaignForm,
     GrantForm,
     MemberForm,
+    MemberRemoveForm,
     RoleForm,
     StaffBudgetForm,
     TenantForm,
 )
 from tenants.ledger import balance_get, credits, credits_grant
 from tenants.models import Account, Budget, Campaign, Membership, Notification, Tenant, Transfer
-from tenants.services import member_add, tenant_create
+from tenants.services import member_create, member_remove, member_role_set, tenant_create
 
 
 def _usages(budgets):
@@ -81,11 +83,16 @@ def _members_page(request, tenant, *, form=None, status=200):
     members = (
         scoped(Membership.objects, tenant=tenant).select_related("user").order_by("user__username")
     )
-    rows = [(m, RoleForm(initial={"username": m.user.username, "role": m.role})) for m in members]
+    # No ids on the per-row forms: every row would repeat id_username.
+    rows = [
+        (m, RoleForm(initial={"username": m.user.username, "role": m.role}, auto_id=False))
+        for m in members
+    ]
+    managers = sum(1 for m in members if m.is_manager)
     return render(
         request,
         "tenants/team_members.html",
-        {"tenant": tenant, "rows": rows, "form": form or MemberForm()},
+        {"tenant": tenant, "rows": rows, "form": form or MemberForm(), "managers": managers},
         status=status,
     )
 
@@ -99,21 +106,31 @@ def team_members(request: HttpRequest) -> HttpResponse:
     form = MemberForm(request.POST)
     if form.is_valid():
         try:
-            member_add(
+            member_create(
                 tenant=tenant,
                 username=form.cleaned_data["username"],
                 role=form.cleaned_data["role"],
-                password=form.cleaned_data["password"] or None,
+                password=form.cleaned_data["password1"],
                 actor=request.user,
             )
         except TenantError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(
-                request, f"{form.cleaned_data['username']} is now a {form.cleaned_data['role']}."
+                request,
+                f"Created the account {form.cleaned_data['username']} as a "
+                f"{form.cleaned_data['role']} of {tenant.name}.",
             )
             return redirect("team_members")
     return _members_page(request, tenant, form=form, status=400)
+
+
+def _confirm_page(request, tenant, *, question: str, action: str, fields: dict) -> HttpResponse:
+    return render(
+        request,
+        "tenants/member_confirm.html",
+        {"tenant": tenant, "question": question, "action": action, "fields": fields},
+    )
 
 
 @require_POST
@@ -124,19 +141,53 @@ def team_member_role(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         messages.error(request, "Choose a role for the member.")
         return redirect("team_members")
-    username = form.cleaned_data["username"]
-    # Only a member of this tenant can be changed here; adding goes through the other form.
-    if not scoped(Membership.objects, tenant=tenant).filter(user__username=username).exists():
-        messages.error(request, f"{username} is not a member of {tenant.name}.")
-        return redirect("team_members")
-    try:
-        member_add(
-            tenant=tenant, username=username, role=form.cleaned_data["role"], actor=request.user
+    username, role = form.cleaned_data["username"], form.cleaned_data["role"]
+    if not form.cleaned_data["confirm"]:
+        current = scoped(Membership.objects, tenant=tenant).filter(user__username=username).first()
+        if current is None:
+            messages.error(request, f"{username} is not a member of {tenant.name}.")
+            return redirect("team_members")
+        return _confirm_page(
+            request,
+            tenant,
+            question=f"Change {username} from {current.get_role_display().lower()} to {role}?",
+            action=reverse("team_member_role"),
+            fields={"username": username, "role": role},
         )
+    try:
+        member_role_set(tenant=tenant, username=username, role=role, actor=request.user)
     except TenantError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"{username} is now a {form.cleaned_data['role']}.")
+        messages.success(request, f"{username} is now a {role}.")
+    return redirect("team_members")
+
+
+@require_POST
+@login_required
+def team_member_remove(request: HttpRequest) -> HttpResponse:
+    tenant = _require_manager(request)
+    form = MemberRemoveForm(request.POST)
+    if not form.is_valid():
+        return redirect("team_members")
+    username = form.cleaned_data["username"]
+    if not form.cleaned_data["confirm"]:
+        return _confirm_page(
+            request,
+            tenant,
+            question=(
+                f"Remove {username} from {tenant.name}? The account is deactivated and can no "
+                "longer sign in; its bids and spend stay on the team's record."
+            ),
+            action=reverse("team_member_remove"),
+            fields={"username": username},
+        )
+    try:
+        member_remove(tenant=tenant, username=username, actor=request.user)
+    except TenantError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"{username} was removed from {tenant.name}.")
     return redirect("team_members")
 
 

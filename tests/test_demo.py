@@ -29,7 +29,17 @@ def test_demo_serves_the_site_and_its_simulated_nodes_report_and_get_enforced(tm
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in {"DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SETTINGS_MODULE", "SECRET_KEY"}
+        # The demo as on a fresh machine: none of the test run's settings or secrets.
+        if k
+        not in {
+            "DATABASE_URL",
+            "CELERY_BROKER_URL",
+            "DJANGO_SETTINGS_MODULE",
+            "SECRET_KEY",
+            "GPUMARKET_AUDIT_KEYS",
+            "GPUMARKET_AUDIT_CHECKPOINT_PATH",
+            "GPUMARKET_METRICS_TOKEN",
+        }
     }
     env.update(GPUMARKET_VAR_DIR=str(tmp_path / "var"), PYTHONUNBUFFERED="1")
     log = open(tmp_path / "demo.log", "wb")  # noqa: SIM115 - closed below

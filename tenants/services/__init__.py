@@ -1,7 +1,14 @@
 """Every tenants write outside the ledger and budgets: tenants and memberships (``tenants``)
 and personal API tokens (``tokens``)."""
 
-from tenants.services.tenants import member_add, tenant_create
+from tenants.services.tenants import (
+    member_add,
+    member_create,
+    member_remove,
+    member_role_set,
+    tenant_create,
+    username_check,
+)
 from tenants.services.tokens import (
     MAX_ACTIVE_TOKENS,
     IssuedToken,
@@ -15,9 +22,13 @@ __all__ = [
     "MAX_ACTIVE_TOKENS",
     "IssuedToken",
     "member_add",
+    "member_create",
+    "member_remove",
+    "member_role_set",
     "tenant_create",
     "token_authenticate",
     "token_create",
     "token_revoke",
     "tokens_of",
+    "username_check",
 ]

@@ -13,14 +13,6 @@ from tests import factories
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def lab():
-    tenant = factories.tenant(name="Vision Lab", credits=100_000)
-    manager = factories.member(tenant=tenant, role=Membership.Role.MANAGER)
-    researcher = factories.member(tenant=tenant)
-    return tenant, manager, researcher
-
-
 def test_dashboard_requires_login(client):
     response = client.get(reverse("dashboard"))
     assert response.status_code == 302
@@ -72,14 +64,24 @@ def test_manager_adds_member_and_changes_role(client, lab):
     client.force_login(manager)
     response = client.post(
         reverse("team_members"),
-        {"username": "newbie", "role": "researcher", "password": "pw-newbie-1"},
+        {
+            "username": "newbie",
+            "role": "researcher",
+            "password1": "pw-newbie-long-1",
+            "password2": "pw-newbie-long-1",
+        },
     )
     assert response.status_code == 302
     assert Membership.objects.get(user__username="newbie").tenant == tenant
-    client.post(reverse("team_member_role"), {"username": researcher.username, "role": "manager"})
+    client.post(
+        reverse("team_member_role"),
+        {"username": researcher.username, "role": "manager", "confirm": "1"},
+    )
     assert Membership.objects.get(user=researcher).role == "manager"
     assert (
-        AuditEvent.objects.filter(action="membership.set", actor_label=manager.username).count()
+        AuditEvent.objects.filter(
+            action__in=["membership.create", "membership.set"], actor_label=manager.username
+        ).count()
         == 2
     )
 
@@ -90,11 +92,20 @@ def test_manager_cannot_take_another_tenants_member(client, lab):
     outsider = factories.member(tenant=other)
     client.force_login(manager)
     response = client.post(
-        reverse("team_members"), {"username": outsider.username, "role": "manager"}
+        reverse("team_members"),
+        {
+            "username": outsider.username,
+            "role": "manager",
+            "password1": "pw-outsider-long-1",
+            "password2": "pw-outsider-long-1",
+        },
     )
     assert response.status_code == 400
-    assert b"already belongs to another tenant" in response.content
-    client.post(reverse("team_member_role"), {"username": outsider.username, "role": "manager"})
+    assert b"is taken" in response.content
+    client.post(
+        reverse("team_member_role"),
+        {"username": outsider.username, "role": "manager", "confirm": "1"},
+    )
     assert Membership.objects.get(user=outsider).tenant == other
     assert Membership.objects.get(user=outsider).role == "researcher"
 
