@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         for u in range(max(1, args.users // args.tenants)):
             user = member_add(
                 tenant=tenant, username=f"storm{t}-{u}", role=Membership.Role.RESEARCHER, actor=None
-            )
+            ).user
             tokens.append(token_create(user=user, name="bidstorm").secret)
     env["BID_TOKENS"] = ",".join(tokens)
     env["BID_ROUND"] = str(rnd.pk)
@@ -228,7 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir()
     web_port, bare_port = _free_port(), _free_port()
     web = _gunicorn("config.wsgi", web_port, args.workers, env)
-    bare = _gunicorn("bench.bare.wsgi", bare_port, args.workers, env)
+    bare = _gunicorn(
+        "bench.bare.wsgi",
+        bare_port,
+        args.workers,
+        dict(env, DJANGO_SETTINGS_MODULE="bench.bare.settings"),
+    )
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q",
          "clearing,telemetry,default", "--concurrency", "1", "--loglevel", "WARNING"],

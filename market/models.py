@@ -231,9 +231,11 @@ class Allocation(models.Model):
 
     class Status(models.TextChoices):
         ACTIVE = "active", "Active"
-        PAUSED = "paused", "Paused"
-        PREEMPTED = "preempted", "Preempted"
-        FINISHED = "finished", "Finished"
+        # Only the enforcement loop pauses an allocation, and only for a hard spend cap.
+        PAUSED = "paused", "Paused (cap)"
+        # The window ended while work still ran, and the work was stopped: a normal end.
+        PREEMPTED = "preempted", "Ended (work stopped)"
+        FINISHED = "finished", "Ended"
         REVOKED = "revoked", "Revoked"
 
     tenant = models.ForeignKey(
@@ -246,6 +248,9 @@ class Allocation(models.Model):
     # What this allocation pays: min(tier price, the bid's limit), per GPU-hour; and in total.
     price = models.BigIntegerField()
     charge = models.BigIntegerField()
+    # Milli-credits refunded because a hard cap paused it before any work ran on it (0 when
+    # not); charged again, and reset to 0, if it resumes.
+    cap_refund = models.BigIntegerField(default=0)
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE)

@@ -142,6 +142,65 @@ def budget_check(
     return BudgetDecision(True)
 
 
+def _label(budget: Budget) -> str:
+    if budget.campaign_id:
+        return f"campaign {budget.campaign.name!r} hard cap"
+    return {"day": "daily", "week": "weekly", "month": "monthly"}[budget.window] + " hard cap"
+
+
+def hard_cap_admit(
+    *, tenant: Tenant, commitments: list[tuple[int, int | None, int]], at: datetime | None = None
+) -> dict[int, str]:
+    """Which of ``commitments`` [(id, campaign id or None, most it can cost)] fit under the
+    tenant's hard caps, taken in the order given; returns {id: why} for those that do not.
+
+    Each one admitted must leave room under every hard cap that applies to it (the tenant's
+    own, and its campaign's): the most it can cost is strictly below the room still left,
+    so that whatever the market charges, the tenant ends strictly under each hard cap and
+    its newly bought work is never paused by the purchase itself.
+    """
+    at = at or timezone.now()
+    hard = [
+        b
+        for b in Budget.objects.filter(tenant=tenant, active=True, mode=Budget.Mode.HARD)
+        .select_related("campaign")
+        .order_by("pk")
+        if b.campaign_id is None or b.campaign.starts_at <= at < b.campaign.ends_at
+    ]
+    if not hard:
+        return {}
+    room = {b.pk: b.cap - budget_usage(budget=b, at=at).spent for b in hard}
+    left_out: dict[int, str] = {}
+    for key, campaign_id, amount in commitments:
+        applicable = [b for b in hard if b.campaign_id in (None, campaign_id)]
+        short = next((b for b in applicable if amount >= room[b.pk]), None)
+        if short is not None:
+            left_out[key] = (
+                f"the {_label(short)} of {credits(short.cap)} credits leaves "
+                f"{credits(max(room[short.pk], 0))}; this bid may cost up to {credits(amount)}"
+            )
+            continue
+        for b in applicable:
+            room[b.pk] -= amount
+    return left_out
+
+
+def hard_cap_room(
+    *, tenant: Tenant, campaign_id: int | None, at: datetime | None = None
+) -> int | None:
+    """Milli-credits left under the tightest hard cap that applies (None: no hard cap)."""
+    at = at or timezone.now()
+    rooms = [
+        b.cap - budget_usage(budget=b, at=at).spent
+        for b in Budget.objects.filter(
+            tenant=tenant, active=True, mode=Budget.Mode.HARD
+        ).select_related("campaign")
+        if b.campaign_id in (None, campaign_id)
+        and (b.campaign_id is None or b.campaign.starts_at <= at < b.campaign.ends_at)
+    ]
+    return min(rooms) if rooms else None
+
+
 def tenant_hard_capped(*, tenant: Tenant, at: datetime | None = None) -> Budget | None:
     """The hard budget this tenant has reached now, if any (the enforcement loop pauses it)."""
     at = at or timezone.now()

@@ -27,7 +27,8 @@ from market.services.bids import window_seconds
 from market.services.partitioned import clear_in_parts, partition_parts
 from market.services.rounds import _close_locked
 from market.services.void import round_fail
-from tenants.models import Tenant
+from tenants.budgets import hard_cap_admit
+from tenants.models import Budget, Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,9 @@ class RoundData:
     seconds: int  # window length
 
 
-def round_data(rnd: Round) -> RoundData:
-    """Read a round's inputs with three queries and no Python object per bid."""
+def round_data(rnd: Round, *, left_out: frozenset[int] = frozenset()) -> RoundData:
+    """Read a round's inputs with three queries and no Python object per bid; the bids in
+    ``left_out`` (over a hard cap) are not part of it."""
     tiers = list(
         Tier.objects.filter(active=True)
         .order_by("pk")
@@ -82,14 +84,15 @@ def round_data(rnd: Round) -> RoundData:
     capacity = np.array([max(t[2] - t[3], 0) for t in tiers], dtype=np.int64)
     rows = np.array(
         Bid.objects.filter(round=rnd, status=Bid.Status.OPEN)
+        .exclude(pk__in=left_out)
         .order_by("pk")
         .values_list("pk", "tenant_id", "quantity", "min_quantity", "escrow"),
         dtype=np.int64,
     ).reshape(-1, 5)
     limit_rows = np.array(
-        BidLimit.objects.filter(
-            bid__round=rnd, bid__status=Bid.Status.OPEN, tier__active=True
-        ).values_list("bid_id", "tier_id", "price"),
+        BidLimit.objects.filter(bid__round=rnd, bid__status=Bid.Status.OPEN, tier__active=True)
+        .exclude(bid_id__in=left_out)
+        .values_list("bid_id", "tier_id", "price"),
         dtype=np.int64,
     ).reshape(-1, 3)
     limits = np.zeros((rows.shape[0], len(tiers)), dtype=np.int64)
@@ -362,7 +365,8 @@ def round_clear(*, round_id: int, now: datetime | None = None) -> Round:
     if rnd.status != Round.Status.CLOSED:
         return rnd
     _fault_injection_hold(rnd.pk)
-    data = round_data(rnd)
+    left_out = _over_hard_caps(rnd, now=now)
+    data = round_data(rnd, left_out=frozenset(left_out))
     try:
         outcome = solve(data=data, policy=rnd.policy)
     except clearing.ClearingError as exc:
@@ -374,6 +378,7 @@ def round_clear(*, round_id: int, now: datetime | None = None) -> Round:
     rnd.diagnostics = outcome.diagnostics | {
         "expected_revenue": outcome.revenue(data),
         "bids": int(data.bid_ids.size),
+        "left_out_by_hard_cap": {str(pk): why for pk, why in left_out.items()},
     }
     rnd.shadow_result = _shadow(rnd=rnd, data=data)
     rnd.status = Round.Status.CLEARED
@@ -407,6 +412,29 @@ def round_clear(*, round_id: int, now: datetime | None = None) -> Round:
         },
     )
     return rnd
+
+
+def _over_hard_caps(rnd: Round, *, now: datetime) -> dict[int, str]:
+    """The open bids left out of this round because they could take their tenant past a hard
+    spend cap: {bid id: why}. Each tenant's bids are admitted oldest first while they fit (see
+    tenants.budgets.hard_cap_admit); the others lose at settlement with their escrow back."""
+    rows = (
+        Bid.objects.filter(round=rnd, status=Bid.Status.OPEN)
+        .order_by("tenant_id", "pk")
+        .values_list("tenant_id", "pk", "campaign_id", "escrow")
+    )
+    by_tenant: dict[int, list[tuple[int, int | None, int]]] = {}
+    for tenant_id, pk, campaign_id, escrow in rows:
+        by_tenant.setdefault(tenant_id, []).append((pk, campaign_id, escrow))
+    capped = set(
+        Budget.objects.filter(
+            tenant_id__in=by_tenant, active=True, mode=Budget.Mode.HARD
+        ).values_list("tenant_id", flat=True)
+    )
+    left_out: dict[int, str] = {}
+    for tenant in Tenant.objects.filter(pk__in=capped).order_by("pk"):
+        left_out |= hard_cap_admit(tenant=tenant, commitments=by_tenant[tenant.pk], at=now)
+    return left_out
 
 
 def _shadow(*, rnd: Round, data: RoundData) -> dict[str, Any] | None:

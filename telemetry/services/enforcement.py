@@ -47,6 +47,7 @@ from market.services import (
     allocations_resume,
     tenant_bids_cancel,
 )
+from market.services.cap_refunds import allocations_cap_recharge, allocations_cap_refund
 from telemetry.models import EnforcementAction, Node, ProcessObservation
 from telemetry.services.verdicts import Verdict, cap_reason, decide, verdicts
 from tenants.budgets import budget_alerts_raise, tenant_hard_capped
@@ -171,20 +172,44 @@ def _allocations_follow_caps(
     ):
         to_pause[allocation.tenant].append(allocation.pk)
     for tenant, ids in to_pause.items():
-        report.allocations_paused += _status_move(
+        paused_now = _status_move(
             allocations_pause,
             ids=ids,
             reason=cap_reason(tenant, capped[tenant.pk]),
             now=now,
         )
+        report.allocations_paused += paused_now
+        # In the same transaction as the pause: what never ran is not paid for.
+        allocations_cap_refund(
+            allocation_ids=paused_now, never_ran=_never_ran(paused_now), actor=_ENFORCER, now=now
+        )
     paused = running.filter(status=Allocation.Status.PAUSED).exclude(tenant_id__in=capped)
-    to_resume = _paused_by_enforcer(list(paused.values_list("pk", flat=True)))
+    to_resume = allocations_cap_recharge(
+        allocation_ids=_paused_by_enforcer(list(paused.values_list("pk", flat=True))),
+        actor=_ENFORCER,
+        now=now,
+    )
     report.allocations_resumed += _status_move(
         allocations_resume,
         ids=to_resume,
         reason="the tenant's hard spend cap no longer applies (raised, or its window rolled over)",
         now=now,
     )
+
+
+def _never_ran(ids: list[int]) -> set[int]:
+    """Of these allocations, the ones no work was ever seen on: no process observed with
+    their tag now, and no enforcement action ever taken on their work."""
+    seen = set(
+        ProcessObservation.objects.filter(allocation_ref__in=ids).values_list(
+            "allocation_ref", flat=True
+        )
+    ) | set(
+        EnforcementAction.objects.filter(allocation_id__in=ids).values_list(
+            "allocation_id", flat=True
+        )
+    )
+    return set(ids) - seen
 
 
 def _paused_by_enforcer(ids: list[int]) -> list[int]:

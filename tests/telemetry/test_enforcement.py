@@ -365,12 +365,15 @@ def test_hard_cap_pauses_the_tenants_allocations_and_raising_it_makes_them_activ
     )
     theirs = active(other_team, tier, now)
     budget_set(tenant=team, window="day", mode="hard", cap=100 * MILLI, actor=None)
-    _spend(team, 100 * MILLI)
+    # Well over the cap: refunding the idle allocation (1 credit) keeps the team capped.
+    _spend(team, 105 * MILLI)
     report(node, {0: [process(100, allocation=mine.pk)], 1: [process(200, allocation=theirs.pk)]})
 
     result = enforce(now=now)
     assert issued(result) == [(A.PAUSE, 100)]
     assert result.allocations_paused == [mine.pk, idle.pk]
+    # No work was ever seen on `idle`: its charge came back with the pause; `mine` ran.
+    assert [Allocation.objects.get(pk=a.pk).cap_refund for a in (mine, idle)] == [0, idle.charge]
     assert statuses(mine, idle, later, theirs) == ["paused", "paused", "active", "active"]
     paused = list(status_events("pause"))
     assert [(e.actor_label, e.tenant_id) for e in paused] == [("enforcer", team.pk)] * 2
