@@ -15,6 +15,9 @@ from locust import HttpUser, constant, task
 TOKENS = os.environ.get("BID_TOKENS", "").split(",")
 ROUND = int(os.environ.get("BID_ROUND", "0"))
 MODE = os.environ.get("BID_MODE", "storm")
+# Every bid the server confirmed (201) is appended here, so the wrapper can check that each one
+# is in the database and settled, whatever requests were still in flight when the run ended.
+PLACED = os.environ.get("BID_PLACED_FILE", "")
 TIERS = ("a100", "h100")
 _next_token = itertools.cycle(TOKENS)
 
@@ -68,7 +71,11 @@ class Researcher(HttpUser):
         ) as r:
             self._expect(r, (201,), "place")
             if r.status_code == 201:
-                self.mine.append(r.json()["id"])
+                bid_id = r.json()["id"]
+                self.mine.append(bid_id)
+                if PLACED:
+                    with open(PLACED, "a") as f:
+                        f.write(f"{bid_id}\n")
 
     @task(2)
     def edit(self) -> None:
