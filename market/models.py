@@ -183,6 +183,10 @@ class Bid(models.Model):
     escrow = models.BigIntegerField(default=0)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.OPEN)
     note = models.CharField(max_length=200, blank=True)
+    # Why the bid won less than it asked (or that it won it all), set at settlement
+    # (market/outcomes.py); empty while open or when cancelled.
+    outcome = models.CharField(max_length=20, blank=True)
+    outcome_reason = models.CharField(max_length=300, blank=True)
     # A client's retry key (e.g. the API's Idempotency-Key): placing the same bid twice with
     # one key returns the first bid instead of holding escrow twice.
     idempotency_key = models.CharField(max_length=80, blank=True, default="")

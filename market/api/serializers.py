@@ -106,9 +106,18 @@ class BidSerializer(serializers.ModelSerializer):
             "campaign",
             "note",
             "author",
+            "outcome",
+            "outcome_reason",
             "created_at",
             "updated_at",
         ]
+        extra_kwargs = {
+            "outcome": {
+                "help_text": "Set at settlement: won, hard_cap, below_reserve, outbid, gang, "
+                "share_cap, fair_share or capacity (why it won less than it asked)."
+            },
+            "outcome_reason": {"help_text": "The same, as a sentence with the figures."},
+        }
 
     def get_limits(self, bid: Bid) -> dict[str, int]:
         return {limit.tier.slug: limit.price for limit in bid.limits.all()}

@@ -11,9 +11,11 @@ from django.db import transaction
 import audit.services as audit
 from market.errors import MarketError
 from market.models import Allocation, Bid, BidLimit, Round, Tier
+from market.outcomes import RoundFacts, bid_reason
 from market.services._common import bids_locked, cost_floor, now_or, round_locked
 from market.services.bids import window_seconds
 from tenants.ledger import credits_charge, credits_release
+from tenants.models import Notification
 
 SYSTEM = "system"
 
@@ -44,6 +46,10 @@ def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
     for bid_id, slug, gpus in rnd.awards:
         awards[int(bid_id)].append((slug, int(gpus)))
 
+    facts = _facts(rnd, awards=awards, bids=bids)
+    limits_of: dict[int, dict[str, int]] = defaultdict(dict)
+    for (bid_id, slug), price in limits.items():
+        limits_of[bid_id][slug] = price
     allocations: list[Allocation] = []
     revenue = winners = 0
     per_tier: dict[str, dict[str, int]] = defaultdict(lambda: {"gpus": 0, "charge": 0})
@@ -101,11 +107,21 @@ def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
         won = bid.pk in awards
         winners += won
         bid.status = Bid.Status.WON if won else Bid.Status.LOST
+        bid.outcome, bid.outcome_reason = bid_reason(
+            bid_id=bid.pk,
+            tenant_id=bid.tenant_id,
+            quantity=bid.quantity,
+            min_quantity=bid.min_quantity,
+            limits=limits_of.get(bid.pk, {}),
+            awarded=dict(awards.get(bid.pk, [])),
+            facts=facts,
+        )
         bid.escrow = 0
         bid.updated_at = now
         revenue += charge_total
     Allocation.objects.bulk_create(allocations)
-    Bid.objects.bulk_update(bids, ["status", "escrow", "updated_at"])
+    Bid.objects.bulk_update(bids, ["status", "escrow", "updated_at", "outcome", "outcome_reason"])
+    _tenant_notices(rnd, bids)
     rnd.revenue = revenue
     rnd.status = Round.Status.SETTLED
     rnd.settled_at = now
@@ -126,3 +142,51 @@ def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
         },
     )
     return rnd
+
+
+def _facts(rnd: Round, *, awards: dict[int, list[tuple[str, int]]], bids: list[Bid]) -> RoundFacts:
+    tenant_of = {bid.pk: bid.tenant_id for bid in bids}
+    tenant_gpus: dict[tuple[int, str], int] = defaultdict(int)
+    for bid_id, rows in awards.items():
+        for slug, gpus in rows:
+            tenant_gpus[tenant_of.get(bid_id, 0), slug] += gpus
+    slugs = list(rnd.prices)
+    return RoundFacts(
+        mechanism=rnd.policy.mechanism,
+        prices={slug: int(p) for slug, p in rnd.prices.items()},
+        reserves={slug: rnd.policy.reserve_for(slug) for slug in slugs},
+        capacities={slug: int(c) for slug, c in (rnd.capacities or {}).items()},
+        share_cap_pct={slug: rnd.policy.max_share_for(slug) for slug in slugs},
+        tenant_gpus=dict(tenant_gpus),
+        left_out={
+            int(pk): why
+            for pk, why in ((rnd.diagnostics or {}).get("left_out_by_hard_cap") or {}).items()
+        },
+    )
+
+
+def _tenant_notices(rnd: Round, bids: list[Bid]) -> None:
+    """One notice per tenant with bids in the round: what it won and lost, pointing at the
+    reasons on its bids (sent once: the dedupe key names the round and the tenant)."""
+    per_tenant: dict[int, list[Bid]] = defaultdict(list)
+    for bid in bids:
+        per_tenant[bid.tenant_id].append(bid)
+    notices = []
+    for tenant_id, mine in per_tenant.items():
+        won = [b for b in mine if b.status == Bid.Status.WON]
+        lost = [b for b in mine if b.status == Bid.Status.LOST]
+        message = f"Round {rnd.pk} ({rnd.starts_at:%Y-%m-%d %H:%M} UTC): {len(won)} of {len(mine)} bids won."
+        if lost:
+            message += f" Bid {lost[0].pk} lost: {lost[0].outcome_reason}"
+            if len(lost) > 1:
+                message += f" ({len(lost) - 1} more lost; see My bids for each reason.)"
+        notices.append(
+            Notification(
+                tenant_id=tenant_id,
+                level=Notification.Level.INFO,
+                kind="round_result",
+                message=message[:500],
+                dedupe_key=f"round-result:{rnd.pk}:{tenant_id}",
+            )
+        )
+    Notification.objects.bulk_create(notices, ignore_conflicts=True)

@@ -1,0 +1,99 @@
+"""Why a bid won less than it asked, like a batch scheduler's pending reasons: worked out once,
+at settlement, from the round's own outcome (prices, awards, capacities, the policy's reserve
+prices and share caps, and the bids the clearing left out over a hard cap). Pure: no database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from django.db import models
+
+from tenants.ledger import credits
+
+
+class Reason(models.TextChoices):
+    WON = "won", "Won all it asked"
+    HARD_CAP = "hard_cap", "Budget or cap"
+    BELOW_RESERVE = "below_reserve", "Below reserve"
+    OUTBID = "outbid", "Outbid"
+    GANG = "gang", "Gang did not fit"
+    SHARE_CAP = "share_cap", "Team share cap"
+    FAIR_SHARE = "fair_share", "Fair share"
+    CAPACITY = "capacity", "Capacity"
+
+
+@dataclass(frozen=True)
+class RoundFacts:
+    """What the round decided, in milli-credits per GPU-hour and GPUs, keyed by tier slug."""
+
+    mechanism: str
+    prices: Mapping[str, int]
+    reserves: Mapping[str, int]
+    capacities: Mapping[str, int]
+    share_cap_pct: Mapping[str, int]
+    # GPUs each tenant got per tier: {(tenant id, tier slug): GPUs}
+    tenant_gpus: Mapping[tuple[int, str], int]
+    # Bids left out of the clearing over a hard cap: {bid id: why}
+    left_out: Mapping[int, str]
+
+
+def bid_reason(
+    *,
+    bid_id: int,
+    tenant_id: int,
+    quantity: int,
+    min_quantity: int,
+    limits: Mapping[str, int],
+    awarded: Mapping[str, int],
+    facts: RoundFacts,
+) -> tuple[str, str]:
+    """(reason code, a sentence a researcher reads) for one bid of a settled round."""
+    got = sum(awarded.values())
+    if got >= quantity:
+        where = ", ".join(f"{g} x {slug}" for slug, g in sorted(awarded.items()))
+        return Reason.WON, f"Won all {quantity} GPUs asked ({where})."
+    head = f"Won {got} of {quantity} GPUs: " if got else "Won nothing: "
+    if bid_id in facts.left_out:
+        return Reason.HARD_CAP, head + f"left out of the round because {facts.left_out[bid_id]}."
+    reserved = {s: p for s, p in limits.items() if p >= facts.reserves.get(s, 0)}
+    if not reserved:
+        shown = "; ".join(
+            f"{s} reserve {credits(facts.reserves.get(s, 0))} > your {credits(p)}"
+            for s, p in sorted(limits.items())
+        )
+        return Reason.BELOW_RESERVE, head + f"every limit is below its tier's reserve ({shown})."
+    affordable = {s: p for s, p in reserved.items() if facts.prices.get(s, 0) <= p}
+    if not affordable:
+        slug = min(reserved, key=lambda s: facts.prices.get(s, 0) - reserved[s])
+        return Reason.OUTBID, head + (
+            f"outbid: {slug} cleared at {credits(facts.prices.get(slug, 0))} credits/GPU-h, "
+            f"above your limit of {credits(reserved[slug])}."
+        )
+    if min_quantity and not got:
+        return Reason.GANG, head + (
+            f"all or nothing for {max(min_quantity, 1)} GPUs on one tier, and no tier you "
+            "accept had that many left for it at your limits."
+        )
+    capped = []
+    for slug in sorted(affordable):
+        pct = facts.share_cap_pct.get(slug, 100)
+        most = pct * facts.capacities.get(slug, 0) // 100
+        if pct < 100 and facts.tenant_gpus.get((tenant_id, slug), 0) >= most:
+            capped.append(f"{slug} ({pct} % = {most} GPUs)")
+    if len(capped) == len(affordable):
+        return Reason.SHARE_CAP, head + (
+            "your team holds the most a team may have of " + ", ".join(capped) + "."
+        )
+    if facts.mechanism != "welfare":
+        return Reason.FAIR_SHARE, head + (
+            f"the {facts.mechanism} policy gave the GPUs at your price to teams further below "
+            "their fair share."
+        )
+    slug = max(affordable, key=lambda s: affordable[s])
+    return Reason.CAPACITY, head + (
+        f"{slug} had no more GPUs for you at {credits(facts.prices.get(slug, 0))} credits/GPU-h "
+        "(within your limit): they went to higher bids, to earlier bids at the same price, or "
+        "to other teams' guaranteed shares."
+    )
