@@ -4,6 +4,7 @@ from tenants import views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
+    path("notifications/read/", views.notifications_mark_read, name="notifications_read"),
     path("team/members/", views.team_members, name="team_members"),
     path("team/members/role/", views.team_member_role, name="team_member_role"),
     path("team/members/remove/", views.team_member_remove, name="team_member_remove"),

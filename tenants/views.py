@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from core.auth import staff_required
 from tenants.access import membership_of, require_tenant, scoped
-from tenants.budgets import budget_set, budget_usage, campaign_create
+from tenants.budgets import budget_set, budget_usage, campaign_create, tenant_hard_capped
 from tenants.errors import TenantError
 from tenants.forms import (
     BudgetForm,
@@ -32,7 +32,13 @@ from tenants.forms import (
 )
 from tenants.ledger import balance_get, credits, credits_grant
 from tenants.models import Account, Budget, Campaign, Membership, Notification, Tenant, Transfer
-from tenants.services import member_create, member_remove, member_role_set, tenant_create
+from tenants.services import (
+    member_create,
+    member_remove,
+    member_role_set,
+    notifications_read,
+    tenant_create,
+)
 
 
 def _usages(budgets):
@@ -53,7 +59,10 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             return render(
                 request,
                 "tenants/staff_overview.html",
-                {"notifications": Notification.objects.filter(tenant__isnull=True)[:20]},
+                {
+                    "notifications": Notification.objects.filter(tenant__isnull=True)[:20],
+                    "capped": _capped_teams(),
+                },
             )
         return render(request, "tenants/no_tenant.html", status=403)
     tenant = membership.tenant
@@ -64,9 +73,33 @@ def dashboard(request: HttpRequest) -> HttpResponse:
             "tenant": tenant,
             "balance": balance_get(tenant=tenant),
             "usages": _usages(_active_budgets(tenant)),
-            "notifications": scoped(Notification.objects, tenant=tenant)[:10],
+            # Unread only: a notice that no longer holds (work resumed) is cleared.
+            "notifications": scoped(Notification.objects, tenant=tenant).filter(
+                read_at__isnull=True
+            )[:10],
         },
     )
+
+
+def _capped_teams() -> list[tuple[Tenant, Budget]]:
+    """Teams at a hard spend cap now, with the budget that caps them (the staff overview)."""
+    ids = Budget.objects.filter(active=True, mode=Budget.Mode.HARD).values_list(
+        "tenant_id", flat=True
+    )
+    rows = []
+    for tenant in Tenant.objects.filter(pk__in=ids).order_by("name"):
+        budget = tenant_hard_capped(tenant=tenant)
+        if budget is not None:
+            rows.append((tenant, budget))
+    return rows
+
+
+@require_POST
+@login_required
+def notifications_mark_read(request: HttpRequest) -> HttpResponse:
+    tenant = require_tenant(request.user)
+    notifications_read(tenant=tenant)
+    return redirect("dashboard")
 
 
 # Managers ---------------------------------------------------------------------------------

@@ -49,6 +49,11 @@ from market.services import (
 )
 from market.services.cap_refunds import allocations_cap_recharge, allocations_cap_refund
 from telemetry.models import EnforcementAction, Node, ProcessObservation
+from telemetry.services.notices import (
+    window_ended_notify,
+    work_paused_notify,
+    work_resumed_notify,
+)
 from telemetry.services.verdicts import Verdict, cap_reason, decide, verdicts
 from tenants.budgets import budget_alerts_raise, tenant_hard_capped
 from tenants.ledger import credits
@@ -183,18 +188,28 @@ def _allocations_follow_caps(
         allocations_cap_refund(
             allocation_ids=paused_now, never_ran=_never_ran(paused_now), actor=_ENFORCER, now=now
         )
+        work_paused_notify(
+            paused=list(Allocation.objects.filter(pk__in=paused_now).order_by("pk")),
+            reason=cap_reason(tenant, capped[tenant.pk]),
+            now=now,
+        )
     paused = running.filter(status=Allocation.Status.PAUSED).exclude(tenant_id__in=capped)
     to_resume = allocations_cap_recharge(
         allocation_ids=_paused_by_enforcer(list(paused.values_list("pk", flat=True))),
         actor=_ENFORCER,
         now=now,
     )
-    report.allocations_resumed += _status_move(
+    resumed = _status_move(
         allocations_resume,
         ids=to_resume,
         reason="the tenant's hard spend cap no longer applies (raised, or its window rolled over)",
         now=now,
     )
+    report.allocations_resumed += resumed
+    if resumed:
+        work_resumed_notify(
+            resumed=list(Allocation.objects.filter(pk__in=resumed).order_by("pk")), now=now
+        )
 
 
 def _never_ran(ids: list[int]) -> set[int]:
@@ -248,13 +263,19 @@ def _allocations_preempt(
             and v.allocation.ends_at <= now
         }
     )
-    report.allocations_preempted += _status_move(
+    ended = _status_move(
         allocations_preempt,
         ids=ids,
         reason="the window ended with work still running, which is terminated after a "
         f"{settings.GPUMARKET_PREEMPT_GRACE_SECONDS}s grace to checkpoint",
         now=now,
     )
+    report.allocations_preempted += ended
+    if ended:
+        window_ended_notify(
+            ended=list(Allocation.objects.filter(pk__in=ended).order_by("pk")),
+            grace_seconds=settings.GPUMARKET_PREEMPT_GRACE_SECONDS,
+        )
 
 
 def _status_move(

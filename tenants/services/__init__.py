@@ -6,6 +6,7 @@ from tenants.services.tenants import (
     member_create,
     member_remove,
     member_role_set,
+    notifications_read,
     tenant_create,
     username_check,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "member_create",
     "member_remove",
     "member_role_set",
+    "notifications_read",
     "tenant_create",
     "token_authenticate",
     "token_create",

@@ -221,3 +221,14 @@ def member_remove(*, tenant: Tenant, username: str, actor: AbstractBaseUser | No
         before={"user": username, "role": role},
         after=None,
     )
+
+
+def notifications_read(*, tenant: Tenant, now=None) -> int:
+    """Mark the tenant's unread notifications read; returns how many."""
+    from django.utils import timezone
+
+    from tenants.models import Notification
+
+    return Notification.objects.filter(tenant=tenant, read_at__isnull=True).update(
+        read_at=now or timezone.now()
+    )

@@ -161,3 +161,53 @@ def test_a_refunded_allocation_that_would_cap_the_team_again_stays_paused(node):
     assert unrun.status == "paused" and unrun.cap_refund == 30 * MILLI
     assert _spent(team, now) == 0
     assert ledger_verify() == []
+
+
+def test_the_team_is_told_when_work_pauses_and_the_stale_notice_clears_when_it_resumes(
+    node, client
+):
+    from django.utils import timezone
+
+    from market.models import Tier
+    from tenants.models import Notification
+
+    tier = Tier.objects.get(slug="a100")
+    now = timezone.now()
+    team = factories.tenant(name="Told", credits=100 * MILLI)
+    unrun = _allocation(
+        team, tier, starts_at=now - timedelta(minutes=1), ends_at=now + timedelta(hours=1),
+        charge=30 * MILLI,
+    )  # fmt: skip
+    budget_set(tenant=team, window="day", mode="hard", cap=20 * MILLI, actor=None)
+    enforce(now=now)
+    paused = Notification.objects.get(tenant=team, kind="work_paused")
+    assert f"#{unrun.pk}" in paused.message and "charge came back" in paused.message
+    # The staff overview lists the team while it is capped ... then it no longer is: the
+    # refund brought it under the cap.
+    client.force_login(factories.admin_user())
+    manager = factories.member(tenant=team, role="manager")
+
+    budget_set(tenant=team, window="day", mode="hard", cap=100 * MILLI, actor=None)
+    enforce(now=now)
+    paused.refresh_from_db()
+    assert paused.read_at is not None  # cleared: it no longer holds
+    resumed = Notification.objects.get(tenant=team, kind="work_resumed")
+    assert f"#{unrun.pk}" in resumed.message
+    client.force_login(manager)
+    dashboard = client.get("/").content.decode()
+    assert "Work resumed" in dashboard and "Work paused" not in dashboard
+
+
+def test_the_staff_overview_lists_the_teams_at_a_hard_cap(client):
+    from tenants.ledger import credits_charge, credits_hold
+
+    team = factories.tenant(name="Over", credits=100 * MILLI)
+    calm = factories.tenant(name="Calm", credits=100 * MILLI)
+    budget_set(tenant=team, window="day", mode="hard", cap=10 * MILLI, actor=None)
+    budget_set(tenant=calm, window="day", mode="hard", cap=50 * MILLI, actor=None)
+    credits_hold(tenant=team, amount=10 * MILLI, actor=None, reason="t", reference="t")
+    credits_charge(tenant=team, amount=10 * MILLI, actor=None, reason="t", reference="t")
+    client.force_login(factories.admin_user())
+    page = client.get("/").content.decode()
+    section = page.split('id="capped-teams"')[1].split("</ul>")[0]
+    assert "Over" in section and "10.000 credits reached" in section and "Calm" not in section

@@ -1,0 +1,83 @@
+"""What a team is told when the enforcement loop changes its allocations: work paused for a
+hard cap (and which charges came back), work resumed (the paused notice is cleared: it no
+longer holds), and a window that ended with work still running."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from market.models import Allocation
+from tenants.models import Notification
+
+Level = Notification.Level
+
+
+def _ids(allocations: Iterable[Allocation]) -> str:
+    return ", ".join(f"#{a.pk}" for a in allocations)
+
+
+def work_paused_notify(*, paused: list[Allocation], reason: str, now: datetime) -> None:
+    """One warning per team whose allocations the loop paused now."""
+    by_tenant: dict[int, list[Allocation]] = {}
+    for allocation in paused:
+        by_tenant.setdefault(allocation.tenant_id, []).append(allocation)
+    notices = []
+    for tenant_id, mine in by_tenant.items():
+        refunded = [a for a in mine if a.cap_refund]
+        message = f"Work paused on allocation(s) {_ids(mine)}: {reason}."
+        if refunded:
+            message += f" No work had run on {_ids(refunded)}: their charge came back."
+        notices.append(
+            Notification(
+                tenant_id=tenant_id,
+                level=Level.WARNING,
+                kind="work_paused",
+                message=message[:500],
+                dedupe_key=f"work-paused:{tenant_id}:{mine[0].pk}:{now:%Y%m%d%H%M%S%f}"[:120],
+            )
+        )
+    Notification.objects.bulk_create(notices, ignore_conflicts=True)
+
+
+def work_resumed_notify(*, resumed: list[Allocation], now: datetime) -> None:
+    """Clear the teams' "work paused" notices (they no longer hold) and say it resumed."""
+    tenant_ids = sorted({a.tenant_id for a in resumed})
+    Notification.objects.filter(
+        tenant_id__in=tenant_ids, kind="work_paused", read_at__isnull=True
+    ).update(read_at=now)
+    Notification.objects.bulk_create(
+        [
+            Notification(
+                tenant_id=tenant_id,
+                level=Level.INFO,
+                kind="work_resumed",
+                message=(
+                    f"Work resumed on allocation(s) "
+                    f"{_ids(a for a in resumed if a.tenant_id == tenant_id)}: the hard spend "
+                    "cap no longer applies."
+                )[:500],
+            )
+            for tenant_id in tenant_ids
+        ]
+    )
+
+
+def window_ended_notify(*, ended: list[Allocation], grace_seconds: int) -> None:
+    Notification.objects.bulk_create(
+        [
+            Notification(
+                tenant_id=a.tenant_id,
+                level=Level.INFO,
+                kind="allocation_ended",
+                message=(
+                    f"Allocation #{a.pk} ended at {a.ends_at:%Y-%m-%d %H:%M} UTC with work "
+                    f"still running; the work was stopped (SIGTERM, then SIGKILL after "
+                    f"{grace_seconds} s to checkpoint)."
+                ),
+                dedupe_key=f"allocation-ended:{a.pk}",
+            )
+            for a in ended
+        ],
+        ignore_conflicts=True,
+    )
