@@ -386,3 +386,12 @@ LOGGING = {
     # The sign-in throttle logs every successful sign-in at INFO; lock-outs are audit events.
     "loggers": {"axes": {"level": "WARNING"}},
 }
+# The demo sends the development server's request lines to a file, not its console.
+if os.environ.get("GPUMARKET_WEB_LOG"):
+    LOGGING["handlers"]["web_file"] = {
+        "class": "logging.FileHandler",
+        "filename": os.environ["GPUMARKET_WEB_LOG"],
+        "formatter": "plain",
+    }
+    for _name in ("django.server", "django.request"):
+        LOGGING["loggers"][_name] = {"handlers": ["web_file"], "propagate": False}

@@ -186,6 +186,48 @@ def _bot_loop(stop: threading.Event, spawn_work, interval: float) -> None:
             logger.exception("demo bot iteration failed")
 
 
+def _round_lines(stop: threading.Event, interval: float = 2.0) -> None:
+    """Print one line when a round opens and one when it is settled (or fails)."""
+    from market.models import Bid, Round
+    from tenants.ledger import credits
+
+    # Rounds already over when the demo starts (a restart) are not told again.
+    told: dict[int, str] = {
+        pk: status
+        for pk, status in Round.objects.exclude(status=Round.Status.OPEN).values_list(
+            "pk", "status"
+        )
+    }
+    while not stop.wait(interval):
+        try:
+            for rnd in Round.objects.order_by("pk"):
+                if told.get(rnd.pk) == rnd.status:
+                    continue
+                told[rnd.pk] = rnd.status
+                if rnd.status == Round.Status.OPEN:
+                    print(
+                        f"round {rnd.pk}: open for bids until {rnd.closes_at:%H:%M:%S} UTC "
+                        f"(window {rnd.starts_at:%H:%M}-{rnd.ends_at:%H:%M})",
+                        flush=True,
+                    )
+                elif rnd.status in (Round.Status.SETTLED, Round.Status.FAILED):
+                    bids = Bid.objects.filter(round=rnd)
+                    won = bids.filter(status=Bid.Status.WON).count()
+                    prices = ", ".join(
+                        f"{slug} {credits(int(p))}"
+                        for slug, p in sorted((rnd.prices or {}).items())
+                    )
+                    print(
+                        f"round {rnd.pk}: {rnd.get_status_display().lower()}, "
+                        f"{won} of {bids.count()} bids won"
+                        + (f", prices {prices} credits/GPU-h" if prices else "")
+                        + (f" ({rnd.failure_reason})" if rnd.failure_reason else ""),
+                        flush=True,
+                    )
+        except Exception:  # noqa: BLE001 - the console lines must not take the demo down
+            logger.exception("demo round report failed")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpumarket demo", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8000)
@@ -198,6 +240,13 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("GPUMARKET_ROUND_TICK_SECONDS", "5")
     os.environ.setdefault("GPUMARKET_ENFORCE_SECONDS", "5")
     os.environ.setdefault("GPUMARKET_PREEMPT_GRACE_SECONDS", "10")
+    # The console shows the logins and a line per round; every request the server answers
+    # (the agents post every few seconds) goes to logs/web.log instead (config/settings.py).
+    var_dir = Path(
+        os.environ.get("GPUMARKET_VAR_DIR", Path(__file__).resolve().parent.parent / "var")
+    )
+    (var_dir / "logs").mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("GPUMARKET_WEB_LOG", str(var_dir / "logs" / "web.log"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s demo: %(message)s")
 
     import django
@@ -286,6 +335,7 @@ def main(argv: list[str]) -> int:
             target=_bot_loop, args=(stop, spawn_simulated_work, 5.0), daemon=True
         ).start()
 
+    threading.Thread(target=_round_lines, args=(stop,), daemon=True).start()
     print(
         "\ngpumarket demo (SIMULATED nodes; no GPU is used)\n"
         f"  site:    {server}\n"

@@ -81,6 +81,12 @@ def test_demo_serves_the_site_and_its_simulated_nodes_report_and_get_enforced(tm
         )
         assert paused >= 1, output
         assert "SIMULATED nodes" in output and "alice" in output  # the printed logins
+        # A line per round on the console; the requests the server answered (the agents post
+        # every few seconds) are in logs/web.log, not on the console.
+        assert re.search(r"^round \d+: open for bids until", output, re.MULTILINE), output
+        assert "/api/v1/telemetry/ingest" not in output
+        web_log = (tmp_path / "var" / "logs" / "web.log").read_text()
+        assert "/api/v1/telemetry/ingest" in web_log
         assert (tmp_path / "var" / "gpumarket.sqlite3").exists()
     finally:
         os.killpg(demo.pid, signal.SIGINT)

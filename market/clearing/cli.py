@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
 from . import clear
 from .errors import ClearingError, SolverError
+from .highs import banner_silence
 from .io import instance_from_json, read_instance_file
 from .mechanisms import MECHANISMS
 
@@ -32,6 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClearingError as exc:
         print(f"gpumarket clear: {exc}", file=sys.stderr)
         return 2
+    banner_silence()  # standard output is the result: JSON only
     try:
         instance, policy, params = instance_from_json(data)
         if args.policy and args.policy != policy:
@@ -44,5 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClearingError as exc:
         print(f"gpumarket clear: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result.to_json(), indent=2))
+    try:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped early (`gpumarket clear x.json | head`): not an error. Point
+        # stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

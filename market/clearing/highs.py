@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -12,6 +15,23 @@ import scipy.sparse as sp
 from .errors import SolverError
 
 IPM_ROWS = 2000  # rows above which an LP is solved by interior point + crossover
+
+
+def banner_silence() -> None:
+    """HiGHS writes a two-line banner straight to the process's standard output (file
+    descriptor 1, below Python) the first time a solver object is made. A command whose
+    standard output is its result (`gpumarket clear`, which prints JSON) calls this first:
+    the first object is made with descriptor 1 pointed at /dev/null, so no later one prints."""
+    sys.stdout.flush()
+    saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        highspy.Highs()
+        ctypes.CDLL(None).fflush(None)  # what the C++ side buffered goes to /dev/null too
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 @dataclass(frozen=True)

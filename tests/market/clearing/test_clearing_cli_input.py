@@ -217,3 +217,58 @@ def test_python_api_refuses_the_same_amounts():
         Tenant(name="lab", budget=MAX_AMOUNT * 2)
     # The platform's own ceilings (milli-credits, market.services._common) pass.
     Bid(id="x", tenant="lab", quantity=100_000, limits={"a100": 10**9})
+
+
+def test_clear_piped_into_head_ends_cleanly(tmp_path):
+    """`gpumarket clear x.json | head -1` once printed a BrokenPipeError traceback."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    instance = {
+        "tiers": [{"name": "a100", "capacity": 64}],
+        "tenants": [{"name": f"t{i}"} for i in range(20)],
+        "bids": [
+            {"id": f"b{i:04d}", "tenant": f"t{i % 20}", "quantity": 1, "limits": {"a100": 5}}
+            for i in range(2000)
+        ],
+    }
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(instance))
+    root = Path(__file__).resolve().parents[3]
+    result = subprocess.run(
+        f"{sys.executable} -m gpumarket clear {path} | head -1",
+        shell=True,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.stdout.strip() == "{"
+    assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
+
+
+def test_clear_prints_json_only(tmp_path):
+    """The solver's banner once came first on standard output, before the JSON."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "x.json"
+    path.write_text(
+        json.dumps(
+            {
+                "tiers": [{"name": "a100", "capacity": 2}],
+                "tenants": [{"name": "t"}],
+                "bids": [{"id": "b", "tenant": "t", "quantity": 1, "limits": {"a100": 5}}],
+            }
+        )
+    )
+    root = Path(__file__).resolve().parents[3]
+    result = subprocess.run(
+        [sys.executable, "-m", "gpumarket", "clear", str(path)],
+        cwd=root, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert json.loads(result.stdout)["allocations"] == [{"bid": "b", "tier": "a100", "gpus": 1}]
