@@ -27,11 +27,23 @@ def actions_for_tenant(*, tenant: Tenant) -> QuerySet[EnforcementAction]:
     ).order_by("-created_at", "-id")
 
 
-def actions_recent(*, node: Node | None = None) -> QuerySet[EnforcementAction]:
-    """Every enforcement action (admins), newest first."""
+def actions_recent(
+    *,
+    node: Node | None = None,
+    action: str = "",
+    state: str = "",
+    tenant_id: int | None = None,
+) -> QuerySet[EnforcementAction]:
+    """Enforcement actions (admins), newest first, filtered by what is given."""
     qs = EnforcementAction.objects.select_related("node", "gpu", "tenant", "allocation")
     if node is not None:
         qs = qs.filter(node=node)
+    if action:
+        qs = qs.filter(action=action)
+    if state:
+        qs = qs.filter(state=state)
+    if tenant_id is not None:
+        qs = qs.filter(tenant_id=tenant_id)
     return qs.order_by("-created_at", "-id")
 
 

@@ -23,6 +23,7 @@ from core.auth import staff_required
 from core.charts import figure_html
 from telemetry.charts import gpu_heatmap, utilisation_lines
 from telemetry.errors import TelemetryError
+from telemetry.forms import EnforcementFilterForm
 from telemetry.metrics import metrics_render
 from telemetry.models import Gpu
 from telemetry.selectors import (
@@ -200,8 +201,29 @@ def gpu_maintenance(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 @staff_required
 def enforcement_list(request: HttpRequest) -> HttpResponse:
-    page = Paginator(actions_recent(), 50).get_page(request.GET.get("page"))
-    return render(request, "telemetry/enforcement_list.html", {"page": page})
+    form = EnforcementFilterForm(request.GET or None)
+    if form.is_bound and not form.is_valid():
+        return render(
+            request,
+            "telemetry/enforcement_list.html",
+            {"page": [], "form": form, "query": ""},
+            status=400,
+        )
+    data = form.cleaned_data if form.is_bound else {}
+    actions = actions_recent(
+        node=data.get("node"),
+        action=data.get("action") or "",
+        state=data.get("state") or "",
+        tenant_id=data["tenant"].pk if data.get("tenant") else None,
+    )
+    query = request.GET.copy()
+    query.pop("page", None)
+    page = Paginator(actions, 50).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "telemetry/enforcement_list.html",
+        {"page": page, "form": form, "query": query.urlencode()},
+    )
 
 
 @require_GET
