@@ -6,13 +6,16 @@ the services validate everything else and their refusals come back as form error
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal, InvalidOperation
 
 from django import forms
 from django.core.exceptions import ValidationError
 
-from tenants.ledger import MILLI
+from tenants.ledger import MAX_AMOUNT, MILLI
 from tenants.models import Budget, Campaign, Membership, Tenant
+
+_THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")
 
 
 class CreditsField(forms.CharField):
@@ -22,7 +25,11 @@ class CreditsField(forms.CharField):
         "invalid": "Enter an amount in credits, e.g. 12 or 12.5 (at most three decimals).",
         "negative": "Enter an amount of zero or more.",
         "zero": "Enter an amount greater than zero.",
+        "large": "Enter at most %(most)s credits.",
+        "comma": "Use a point for decimals (12.5); a comma only groups thousands (1,000).",
     }
+    # Checked before any arithmetic: "1e5000" or 5,000 digits are refused, not computed.
+    MAX_CHARS = 32
 
     def __init__(self, *, allow_zero: bool = False, **kwargs) -> None:
         self.allow_zero = allow_zero
@@ -33,12 +40,27 @@ class CreditsField(forms.CharField):
         text = super().to_python(value)
         if text in self.empty_values:
             return None
+        text = str(text).strip()
+        if len(text) > self.MAX_CHARS or "e" in text.lower():
+            raise ValidationError(self.error_messages["invalid"], code="invalid")
+        if "," in text:
+            # A comma only groups thousands ("1,000.5"); "12,5" is a decimal comma, which
+            # would silently read as 125: refused with what to type instead.
+            if not _THOUSANDS.fullmatch(text):
+                raise ValidationError(self.error_messages["comma"], code="comma")
+            text = text.replace(",", "")
         try:
-            amount = Decimal(str(text).replace(",", "").strip())
+            amount = Decimal(text)
         except InvalidOperation as exc:
             raise ValidationError(self.error_messages["invalid"], code="invalid") from exc
         if not amount.is_finite():
             raise ValidationError(self.error_messages["invalid"], code="invalid")
+        if amount * MILLI > MAX_AMOUNT:
+            raise ValidationError(
+                self.error_messages["large"],
+                code="large",
+                params={"most": f"{MAX_AMOUNT // MILLI:,}"},
+            )
         milli = amount * MILLI
         if milli != milli.to_integral_value():
             raise ValidationError(self.error_messages["invalid"], code="invalid")

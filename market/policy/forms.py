@@ -53,6 +53,7 @@ class PolicyVersionForm(forms.Form):
     price_max_multiple = forms.FloatField(
         required=False,
         min_value=1.0,
+        max_value=1000.0,
         label="Price guardrail: at most N x the trailing median",
         help_text="Empty = no price guardrail.",
     )
@@ -74,7 +75,10 @@ class PolicyVersionForm(forms.Form):
         required=False, min_value=0.0, max_value=1.0, label="Fairness floor (Jain's index, 0-1)"
     )
     spend_max_per_window = forms.IntegerField(
-        required=False, min_value=1, label="Platform spend limit per window (milli-credits)"
+        required=False,
+        min_value=1,
+        max_value=10**15,
+        label="Platform spend limit per window (milli-credits)",
     )
     spend_window_hours = forms.IntegerField(
         required=False,
