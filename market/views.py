@@ -18,10 +18,12 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.charts import figure_html
+from core.confirm import confirm_page, confirmed
 from market.charts import (
     demand_forecast,
     price_history,
@@ -50,9 +52,9 @@ from market.selectors import (
 from market.selectors import price_history as price_history_rows
 from market.services import bid_cancel, bid_edit, bid_escrow, bid_place
 from market.services.bids import window_seconds
-from tenants.access import require_tenant
+from tenants.access import access_object, require_tenant
 from tenants.budgets import budget_usage, budgets_applicable
-from tenants.ledger import balance_get
+from tenants.ledger import balance_get, credits
 from tenants.models import Budget
 
 PRICE_HISTORY_ROUNDS = 48
@@ -350,6 +352,19 @@ def bid_change(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def bid_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
     tenant = require_tenant(request.user)
+    if not confirmed(request):
+        bid = access_object(Bid.objects.all(), tenant=tenant, pk=pk)
+        return confirm_page(
+            request,
+            title=f"Cancel bid {bid.pk}",
+            question=(
+                f"Cancel bid {bid.pk} ({bid.quantity} GPUs)? Its escrow of "
+                f"{credits(bid.escrow)} credits goes back to available; a cancelled bid cannot "
+                "be opened again."
+            ),
+            action=reverse("bid_cancel", args=[bid.pk]),
+            back=reverse("bid_detail", args=[bid.pk]),
+        )
     try:
         bid = bid_cancel(user=request.user, tenant=tenant, bid_id=pk)
     except MarketError as exc:

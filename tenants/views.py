@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.auth import staff_required
+from core.confirm import confirm_page
 from tenants.access import membership_of, require_tenant, scoped
 from tenants.budgets import budget_set, budget_usage, campaign_create, tenant_hard_capped
 from tenants.errors import TenantError
@@ -159,10 +160,13 @@ def team_members(request: HttpRequest) -> HttpResponse:
 
 
 def _confirm_page(request, tenant, *, question: str, action: str, fields: dict) -> HttpResponse:
-    return render(
+    return confirm_page(
         request,
-        "tenants/member_confirm.html",
-        {"tenant": tenant, "question": question, "action": action, "fields": fields},
+        title=f"Members of {tenant.name}",
+        question=question,
+        action=action,
+        back=reverse("team_members"),
+        fields=fields,
     )
 
 

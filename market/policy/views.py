@@ -11,9 +11,11 @@ from collections.abc import Callable
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from core.auth import staff_required
+from core.confirm import confirm_page, confirmed
 from market.errors import MarketError
 from market.models import PolicyVersion, Round, Tier
 from market.policy import charts as policy_charts
@@ -122,6 +124,18 @@ def _version_action(
 @staff_required
 @require_POST
 def policy_activate_view(request: HttpRequest, number: int) -> HttpResponse:
+    if not confirmed(request):
+        version = _version(number)
+        return confirm_page(
+            request,
+            title=f"Activate policy v{version.number}",
+            question=(
+                f"Activate v{version.number} ({version.get_mechanism_display()})? Every round "
+                "opened from now on clears under it; the active version is retired."
+            ),
+            action=reverse("policy_activate", args=[version.number]),
+            back=reverse("policy_detail", args=[version.number]),
+        )
     return _version_action(
         request, number, policy_activate, "is active from the next round opened."
     )

@@ -158,12 +158,19 @@ def test_activate_and_shadow_buttons(market, staff):
     assert PolicyVersion.objects.get(pk=draft.pk).status == Status.SHADOW
     staff.post("/market/policy/shadow/clear/")
     assert PolicyVersion.objects.get(pk=draft.pk).status == Status.DRAFT
-    response = staff.post(f"/market/policy/v{draft.number}/activate/", follow=True)
+    asked = staff.post(f"/market/policy/v{draft.number}/activate/")
+    assert asked.status_code == 200 and "Activate v" in asked.content.decode()
+    assert PolicyVersion.objects.get(pk=draft.pk).status == Status.DRAFT  # not yet confirmed
+    response = staff.post(
+        f"/market/policy/v{draft.number}/activate/", {"confirm": "1"}, follow=True
+    )
     assert PolicyVersion.objects.get(pk=draft.pk).status == Status.ACTIVE
     assert PolicyVersion.objects.get(pk=market.policy.pk).status == Status.RETIRED
     assert "active from the next round" in response.content.decode()
     # A retired version cannot come back as it is; the message says what to do instead.
-    response = staff.post(f"/market/policy/v{market.policy.number}/activate/", follow=True)
+    response = staff.post(
+        f"/market/policy/v{market.policy.number}/activate/", {"confirm": "1"}, follow=True
+    )
     assert "create a new version based on it" in response.content.decode()
 
 

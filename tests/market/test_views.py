@@ -124,7 +124,11 @@ def test_edit_and_cancel_own_bid(client, market, team):
     assert response.status_code == 302
     bid.refresh_from_db()
     assert (bid.quantity, bid.escrow) == (1, 3000)
-    client.post(reverse("bid_cancel", args=[bid.pk]))
+    asked = client.post(reverse("bid_cancel", args=[bid.pk]))
+    assert asked.status_code == 200 and b"Confirm" in asked.content
+    bid.refresh_from_db()
+    assert bid.status == Bid.Status.OPEN  # not before it is confirmed
+    client.post(reverse("bid_cancel", args=[bid.pk]), {"confirm": "1"})
     bid.refresh_from_db()
     assert bid.status == Bid.Status.CANCELLED
     assert balance_get(tenant=tenant).escrow == 0

@@ -225,3 +225,19 @@ def test_admin_grant_page_uses_the_staff_grant_form(client, lab):
     response = client.post(url, {"amount": "2.5", "reason": "pilot"})
     assert response.status_code == 302
     assert balance_get(tenant=tenant).available == 102_500
+
+
+def test_403_and_404_pages_are_the_sites_own_and_say_what_happened(client, lab, settings):
+    _, _, researcher = lab
+    settings.DEBUG = False
+    client.force_login(researcher)
+    missing = client.get("/market/bids/999999/")
+    assert missing.status_code == 404
+    assert "Not found" in missing.content.decode() and "Back to the dashboard" in (
+        missing.content.decode()
+    )
+    forbidden = client.get(reverse("team_members"))
+    assert forbidden.status_code == 403
+    body = forbidden.content.decode()
+    assert "Not allowed" in body and "Only the team" in body and "managers can manage" in body
+    assert "gpumarket" in body  # the site's layout, not a bare error
