@@ -33,6 +33,13 @@ def tier_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
         clean[name] = value
     if "name" in clean and not clean["name"]:
         raise MarketError("a tier needs a name")
+    # Set together (the staff forms send both): GPUs in maintenance come out of the capacity.
+    # Telemetry sets the capacity alone, as the GPUs it sees healthy, and is not refused.
+    if clean.get("maintenance_gpus", 0) > clean.get("capacity", clean.get("maintenance_gpus", 0)):
+        raise MarketError(
+            f"maintenance_gpus: {clean['maintenance_gpus']} GPUs in maintenance is more than the "
+            f"tier's capacity of {clean['capacity']}; at most {clean['capacity']}"
+        )
     return clean
 
 

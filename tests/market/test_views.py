@@ -211,3 +211,17 @@ def test_manager_role_does_not_open_staff_pages(client, market):
     manager = factories.member(tenant=tenant, role=Membership.Role.MANAGER)
     _login(client, manager)
     assert client.get(reverse("staff_rounds")).status_code == 403
+
+
+def test_a_tier_with_more_gpus_in_maintenance_than_capacity_is_an_inline_error(client, market):
+    client.force_login(factories.admin_user())
+    prefix = f"t{market.a100.pk}-"
+    fields = {"name": "A100", "gpu_model": "", "capacity": "4", "maintenance_gpus": "9"}
+    response = client.post(
+        reverse("staff_tier_update", args=[market.a100.pk]),
+        {prefix + k: v for k, v in fields.items()} | {prefix + "active": "on"},
+    )
+    assert response.status_code == 400
+    assert "more than the tier&#x27;s capacity of 4" in response.content.decode()
+    market.a100.refresh_from_db()
+    assert market.a100.maintenance_gpus == 0
