@@ -10,6 +10,7 @@ from django.db.models import Count, Prefetch, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from market.bid_guidance import TierGuide
 from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
 from tenants.access import access_object, scoped
 from tenants.models import Budget, Campaign, Tenant, Transfer
@@ -189,3 +190,30 @@ def budgets_active(*, tenant: Tenant) -> list[Budget]:
     return list(
         scoped(Budget.objects.filter(active=True), tenant=tenant).select_related("campaign")
     )
+
+
+def tier_guides(*, rnd: Round) -> list[TierGuide]:
+    """The facts the bid form shows beside each tier offered to ``rnd``."""
+    policy = rnd.policy
+    last = (
+        Round.objects.filter(status=Round.Status.SETTLED)
+        .exclude(pk=rnd.pk)
+        .order_by("-starts_at")
+        .values_list("prices", flat=True)
+        .first()
+    ) or {}
+    guides = []
+    for tier in tiers_offered():
+        pct = policy.max_share_for(tier.slug)
+        guides.append(
+            TierGuide(
+                slug=tier.slug,
+                name=tier.name,
+                offered=tier.offered,
+                reserve=policy.reserve_for(tier.slug),
+                last_price=int(last[tier.slug]) if tier.slug in last else None,
+                share_pct=pct,
+                share_gpus=tier.offered * pct // 100,
+            )
+        )
+    return guides

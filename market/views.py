@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 from django import forms
 from django.contrib import messages
@@ -24,6 +25,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from core.charts import figure_html
 from core.confirm import confirm_page, confirmed
+from market.bid_guidance import bid_warnings
 from market.charts import (
     demand_forecast,
     price_history,
@@ -47,6 +49,7 @@ from market.selectors import (
     round_open_current,
     tenant_charges,
     tenant_spend_by_day,
+    tier_guides,
     tiers_offered,
 )
 from market.selectors import price_history as price_history_rows
@@ -188,20 +191,47 @@ def _preview(*, tenant, rnd: Round, form: BidForm) -> dict | None:
         usage = budget_usage(budget=budget, at=now)
         budgets.append({"usage": usage, "after": usage.remaining - escrow})
     balance = balance_get(tenant=tenant)
+    warnings = bid_warnings(
+        quantity=form.cleaned_data["quantity"],
+        min_quantity=form.cleaned_data["min_quantity"],
+        limits=limits,
+        guides={g.slug: g for g in tier_guides(rnd=rnd)},
+        soft_budgets=[
+            (_budget_label(b["usage"].budget), b["after"])
+            for b in budgets
+            if b["usage"].budget.mode == "soft"
+        ],
+    )
     return {
         "escrow": escrow,
         "available": balance.available,
         "available_after": balance.available - escrow,
         "budgets": budgets,
         "hours": rnd.hours,
+        "warnings": warnings,
     }
+
+
+def _budget_label(budget) -> str:
+    if budget.campaign_id:
+        return f"campaign {budget.campaign.name}"
+    return {"day": "daily", "week": "weekly", "month": "monthly"}.get(
+        budget.window, budget.get_window_display().lower()
+    )
 
 
 def _bid_form_page(request, *, tenant, rnd, form, terms, preview=None, status=200):
     return render(
         request,
         "market/bid_form.html",
-        {"round": rnd, "form": form, "terms": terms, "preview": preview, "editing": None},
+        {
+            "round": rnd,
+            "form": form,
+            "terms": terms,
+            "preview": preview,
+            "editing": None,
+            "guides": tier_guides(rnd=rnd),
+        },
         status=status,
     )
 
@@ -340,10 +370,27 @@ def bid_change(request: HttpRequest, pk: int) -> HttpResponse:
                 messages.success(request, f"Bid {bid.pk} changed.")
                 return redirect("bid_detail", pk=bid.pk)
         status = 400
+    # The escrow preview on edit too, for the terms as they stand (or as just submitted).
+    preview = _preview(tenant=tenant, rnd=bid.round, form=form) if form.is_bound else None
+    if not form.is_bound:
+        # The form's initial limits are milli-credits; as typed data they are credits.
+        typed = {"quantity": str(bid.quantity), "min_quantity": str(bid.min_quantity)}
+        typed |= {
+            limit_field_name(limit.tier): f"{Decimal(limit.price) / 1000:f}"
+            for limit in bid.limits.all()
+        }
+        preview = _preview(tenant=tenant, rnd=bid.round, form=BidForm(typed, tiers=tiers))
     return render(
         request,
         "market/bid_form.html",
-        {"round": bid.round, "form": form, "terms": None, "preview": None, "editing": bid},
+        {
+            "round": bid.round,
+            "form": form,
+            "terms": None,
+            "preview": preview,
+            "editing": bid,
+            "guides": tier_guides(rnd=bid.round),
+        },
         status=status,
     )
 
