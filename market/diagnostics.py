@@ -18,3 +18,55 @@ def diagnostic(diagnostics: dict[str, Any] | None, name: str) -> Any:
     if name in diagnostics:
         return diagnostics[name]
     return diagnostics.get(_LEGACY[name])
+
+
+def _pct_by_tier(value: Any) -> str:
+    if not isinstance(value, dict):
+        return str(value)
+    return ", ".join(f"{tier} {100 * float(v):.0f} %" for tier, v in sorted(value.items()))
+
+
+def _number(value: Any, digits: int = 2) -> str:
+    return f"{float(value):.{digits}f}" if isinstance(value, int | float) else str(value)
+
+
+def _credits(value: Any) -> str:
+    from tenants.ledger import credits
+
+    return credits(int(value)) if isinstance(value, int | float) else str(value)
+
+
+# (key, label, how to show the value): the order is the order on the page.
+_ROWS = (
+    ("mechanism", "Mechanism", str),
+    ("status", "Solver status", str),
+    ("bids", "Bids cleared", str),
+    (UTILISATION, "Utilisation (GPUs allocated / offered)", _pct_by_tier),
+    (JAIN, "Fairness, Jain's index (1 = equal)", _number),
+    ("min_share_ratio", "Worst team's value / its fair share", _number),
+    ("guarantees_unmet", "Teams below their guarantee", str),
+    ("envy_violations", "Pairs of teams where one prefers the other's GPUs", str),
+    ("expected_revenue", "Revenue (credits)", _credits),
+    ("welfare", "Total value of the awards (milli-credits per hour, bids' limits)", _number),
+    ("rounding_loss", "Value lost rounding to whole GPUs", _number),
+    ("left_out_by_hard_cap", "Bids left out over a hard cap", lambda v: str(len(v or {}))),
+    ("parts", "Cleared in parts", str),
+    ("total_seconds", "Clearing time (s)", _number),
+)
+_SHOWN = {key for key, _, _ in _ROWS} | {
+    "spend", "build_seconds", "solve_seconds", "rounding_seconds", "divisible", "partitioned",
+    "part_prices", "part_bids", "part_seconds", "utilization", "jain_index",
+}  # fmt: skip
+
+
+def diagnostics_rows(diagnostics: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A round's diagnostics as (label, value) rows a person reads, known figures first in a
+    fixed order with their units; anything else as it is, after them."""
+    diagnostics = diagnostics or {}
+    rows = []
+    for key, label, show in _ROWS:
+        value = diagnostic(diagnostics, key) if key in (UTILISATION, JAIN) else diagnostics.get(key)
+        if value is not None:
+            rows.append((label, show(value)))
+    rows += [(key, str(v)) for key, v in sorted(diagnostics.items()) if key not in _SHOWN]
+    return rows

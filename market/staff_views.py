@@ -17,6 +17,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from core.auth import staff_required
 from core.charts import figure_html
 from market.charts import round_utilisation
+from market.diagnostics import diagnostics_rows
 from market.errors import MarketError
 from market.forms import TierCreateForm, TierForm
 from market.models import Tier
@@ -127,8 +128,8 @@ def staff_round_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "charts": charts,
             "prices": sorted(rnd.prices.items()),
             "capacities": sorted(rnd.capacities.items()),
-            "diagnostics": sorted(rnd.diagnostics.items())
-            if isinstance(rnd.diagnostics, dict)
-            else [],
+            "diagnostics": diagnostics_rows(
+                rnd.diagnostics if isinstance(rnd.diagnostics, dict) else {}
+            ),
         },
     )

@@ -16,6 +16,7 @@ from market.models import PolicyVersion, Tier
 from market.policy.guardrails import guardrails_validate
 from market.services.policy import MAX_ROUND_MINUTES
 from market.services.round_clearing import QUOTAS_PARAM
+from tenants.forms import CreditsField
 
 MAX_RESERVE = 10**9
 
@@ -74,11 +75,8 @@ class PolicyVersionForm(forms.Form):
     jain_min = forms.FloatField(
         required=False, min_value=0.0, max_value=1.0, label="Fairness floor (Jain's index, 0-1)"
     )
-    spend_max_per_window = forms.IntegerField(
-        required=False,
-        min_value=1,
-        max_value=10**15,
-        label="Platform spend limit per window (milli-credits)",
+    spend_max_per_window = CreditsField(
+        required=False, label="Platform spend limit per window (credits)"
     )
     spend_window_hours = forms.IntegerField(
         required=False,
@@ -110,12 +108,11 @@ class PolicyVersionForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.tiers = list(tiers)
         for tier in self.tiers:
-            self.fields[reserve_field_name(tier)] = forms.IntegerField(
+            self.fields[reserve_field_name(tier)] = CreditsField(
                 required=False,
-                min_value=0,
-                max_value=MAX_RESERVE,
-                label=f"Reserve price for {tier.name} (milli-credits per GPU-hour)",
-                help_text="No sale below this; 1000 = 1 credit. Empty = 0.",
+                allow_zero=True,
+                label=f"Reserve price for {tier.name} (credits per GPU-hour)",
+                help_text="No sale below this, e.g. 2.5. Empty = 0.",
             )
             self.fields[share_field_name(tier)] = forms.IntegerField(
                 required=False,
@@ -184,6 +181,10 @@ class PolicyVersionForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        for tier in getattr(self, "tiers", []):
+            name = reserve_field_name(tier)
+            if (data.get(name) or 0) > MAX_RESERVE:
+                self.add_error(name, f"Enter at most {MAX_RESERVE // 1000:,} credits per GPU-hour.")
         raw = {name: data.get(name) for name in self.guardrail_names}
         raw["void_on_breach"] = bool(raw["void_on_breach"]) or None
         try:

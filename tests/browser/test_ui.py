@@ -124,7 +124,7 @@ def test_admin_edits_reserve_price_audited_and_csv_exported(page, market, tmp_pa
     page.click("text=Market policy")
     page.wait_for_url("**/market/policy/")
     page.goto(f"/market/policy/v{active.number}/edit/")
-    page.fill("#id_reserve_a100", "2500")
+    page.fill("#id_reserve_a100", "2.5")  # credits per GPU-hour
     page.click("button:has-text('Save as new version')")
     page.wait_for_url("**/market/policy/v*/")
     new = PolicyVersion.objects.order_by("-number").first()

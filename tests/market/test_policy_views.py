@@ -87,9 +87,9 @@ def test_list_shows_which_version_is_active_and_which_is_shadow(market, staff):
 
 def test_edit_form_has_the_reserve_fields_the_browser_tests_use(market, staff):
     page = staff.get(f"/market/policy/v{market.policy.number}/edit/").content.decode()
-    assert 'name="reserve_a100"' in page and 'value="1000"' in page
-    assert "Reserve price for A100 (milli-credits per GPU-hour)" in page
-    assert "Reserve price for H100 (milli-credits per GPU-hour)" in page
+    assert 'name="reserve_a100"' in page and 'value="1"' in page  # 1000 milli = 1 credit
+    assert "Reserve price for A100 (credits per GPU-hour)" in page
+    assert "Reserve price for H100 (credits per GPU-hour)" in page
     assert ">Save as new version</button>" in page
 
 
@@ -99,8 +99,8 @@ def form_data(market, **overrides):
         "params": "",
         "round_minutes": 60,
         "lead_minutes": 0,
-        "reserve_a100": 1000,
-        "reserve_h100": 2000,
+        "reserve_a100": "1",
+        "reserve_h100": "2",
         "share_a100": "",
         "share_h100": "",
         "note": "",
@@ -113,7 +113,7 @@ def test_editing_a_reserve_price_creates_a_new_version_and_an_audit_event(market
     base = market.policy
     response = staff.post(
         f"/market/policy/v{base.number}/edit/",
-        form_data(market, reserve_a100=1500, price_max_multiple=3, note="raise a100 reserve"),
+        form_data(market, reserve_a100="1.5", price_max_multiple=3, note="raise a100 reserve"),
     )
     new = PolicyVersion.objects.get(number=base.number + 1)
     assert response.status_code == 302 and response["Location"] == f"/market/policy/v{new.number}/"
@@ -136,7 +136,8 @@ def test_editing_a_reserve_price_creates_a_new_version_and_an_audit_event(market
     [
         ({"params": "{not json"}, "not valid JSON"),
         ({"params": "[1, 2]"}, "must be a JSON object"),
-        ({"reserve_a100": -5}, "greater than or equal to 0"),
+        ({"reserve_a100": -5}, "Enter an amount of zero or more"),
+        ({"reserve_a100": "12,5"}, "Use a point for decimals"),
         ({"utilisation_min": 1.5}, "less than or equal to 1"),
         ({"share_a100": 0}, "greater than or equal to 1"),
     ],

@@ -225,3 +225,27 @@ def test_a_tier_with_more_gpus_in_maintenance_than_capacity_is_an_inline_error(c
     assert "more than the tier&#x27;s capacity of 4" in response.content.decode()
     market.a100.refresh_from_db()
     assert market.a100.maintenance_gpus == 0
+
+
+def test_round_diagnostics_read_as_labelled_rows_not_a_dict(client, market, team):
+    from market.diagnostics import diagnostics_rows
+
+    rows = dict(
+        diagnostics_rows(
+            {"mechanism": "maxmin", "utilisation": {"a100": 0.75, "h100": 0.5}, "jain": 0.9312,
+             "expected_revenue": 12_500, "some_new_figure": 3}
+        )
+    )  # fmt: skip
+    assert rows["Utilisation (GPUs allocated / offered)"] == "a100 75 %, h100 50 %"
+    assert rows["Fairness, Jain's index (1 = equal)"] == "0.93"
+    assert rows["Revenue (credits)"] == "12.500"
+    assert rows["some_new_figure"] == "3"  # unknown figures still show
+    tenant, user = team
+    _place(market, tenant, user)
+    from market.services import round_process
+
+    rnd = round_process(round_id=market.round.pk, now=market.after_close())
+    client.force_login(factories.admin_user())
+    page = client.get(reverse("staff_round_detail", args=[rnd.pk])).content.decode()
+    assert "Utilisation (GPUs allocated / offered)" in page
+    assert "{&#x27;" not in page.split("diagnostics")[1][:3000]  # no dict dump
