@@ -67,22 +67,27 @@ def demand_steps(bids: Sequence[tuple[int, int]]) -> tuple[list[float], list[flo
 def supply_demand(
     *,
     tier: str,
-    bids: Sequence[tuple[int, int]],
+    bids: Sequence[tuple[int, float]],
     capacity: int,
     reserve: int,
     price: int | None,
 ) -> go.Figure:
     """One tier's supply and demand in a round.
 
-    Demand: every bid's limit on this tier against cumulative GPUs (a bid that accepts several
-    tiers appears on each of them). Supply: the reserve price up to the capacity offered.
+    Demand: every bid's limit on this tier against cumulative GPUs; a bid that accepts several
+    tiers counts its GPUs divided by the number of tiers on each (market.selectors.round_demand).
+    Supply: the reserve price up to the capacity offered.
     """
     xs, ys = demand_steps(bids)
     top = max([*ys, _credits(reserve), _credits(price or 0), 1.0]) * 1.15
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
-            x=xs or [0], y=ys or [0], mode="lines", name="Demand (bid limits)", line={"width": 3}
+            x=xs or [0],
+            y=ys or [0],
+            mode="lines",
+            name="Demand (bid limits; a multi-tier bid split evenly over its tiers)",
+            line={"width": 3},
         )
     )
     fig.add_trace(

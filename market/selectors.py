@@ -60,15 +60,24 @@ def round_last_cleared() -> Round | None:
     )
 
 
-def round_demand(*, rnd: Round) -> dict[str, list[tuple[int, int]]]:
-    """Per tier slug, each bid's (limit price, GPUs) in the round, cancelled bids left out."""
-    demand: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for slug, price, quantity in (
+def round_demand(*, rnd: Round) -> dict[str, list[tuple[int, float]]]:
+    """Per tier slug, each bid's (limit price, GPUs) in the round, cancelled bids left out.
+
+    A bid that accepts several tiers wants its GPUs once, not on every tier: it counts as its
+    quantity divided by the number of tiers it accepts on each of them, so the demand over
+    all tiers adds up to the GPUs asked for.
+    """
+    rows = list(
         BidLimit.objects.filter(bid__round=rnd)
         .exclude(bid__status=Bid.Status.CANCELLED)
-        .values_list("tier__slug", "price", "bid__quantity")
-    ):
-        demand[slug].append((price, quantity))
+        .values_list("bid_id", "tier__slug", "price", "bid__quantity")
+    )
+    tiers_per_bid: dict[int, int] = defaultdict(int)
+    for bid_id, *_ in rows:
+        tiers_per_bid[bid_id] += 1
+    demand: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for bid_id, slug, price, quantity in rows:
+        demand[slug].append((price, quantity / tiers_per_bid[bid_id]))
     return dict(demand)
 
 

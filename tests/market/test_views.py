@@ -249,3 +249,15 @@ def test_round_diagnostics_read_as_labelled_rows_not_a_dict(client, market, team
     page = client.get(reverse("staff_round_detail", args=[rnd.pk])).content.decode()
     assert "Utilisation (GPUs allocated / offered)" in page
     assert "{&#x27;" not in page.split("diagnostics")[1][:3000]  # no dict dump
+
+
+def test_a_multi_tier_bid_counts_its_gpus_once_in_the_demand(market, team):
+    from market.selectors import round_demand
+
+    tenant, user = team
+    _place(market, tenant, user, quantity=4, limits={"a100": 3000, "h100": 5000})
+    _place(market, tenant, user, quantity=2, limits={"a100": 2500})
+    demand = round_demand(rnd=market.round)
+    assert sum(q for rows in demand.values() for _, q in rows) == 6  # not 4 + 4 + 2
+    assert sorted(demand["a100"]) == [(2500, 2.0), (3000, 2.0)]
+    assert demand["h100"] == [(5000, 2.0)]
