@@ -112,3 +112,26 @@ def test_verify_chain_reports_intact_then_broken(client, events):
         cursor.execute("SET LOCAL session_replication_role = origin")
     response = client.post(reverse("audit_verify"), follow=True)
     assert "audit chain broken at event seq=2" in response.content.decode()
+
+
+def test_the_review_shows_money_in_credits(client):
+    from django.db import transaction
+
+    import audit.services as audit_services
+
+    with transaction.atomic():
+        audit_services.record(
+            actor="test",
+            action="ledger.grant",
+            object_type="tenants.transfer",
+            object_id=1,
+            before={"cap": 10_000},
+            after={"amount": 12_500, "reason": "start", "prices": {"a100": 3_100}, "gpus": 4},
+        )
+    client.force_login(factories.admin_user())
+    page = client.get("/audit/?action=ledger.grant").content.decode()
+    assert '"amount": "12.500"' in page.replace("&quot;", '"')
+    assert '"a100": "3.100"' in page.replace("&quot;", '"')
+    assert '"cap": "10.000"' in page.replace("&quot;", '"')
+    assert '"gpus": 4' in page.replace("&quot;", '"')  # not money: as stored
+    assert "12500" not in page
