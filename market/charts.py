@@ -43,6 +43,10 @@ def price_history(series: Mapping[str, Sequence[tuple[datetime, int]]]) -> go.Fi
         title="Clearing price per tier",
         xaxis_title="Round window start (UTC)",
         yaxis_title="Credits per GPU-hour",
+        # Dates a person reads ("Nov 24 09:00"), and prices from zero so that a move of a
+        # few milli-credits does not look like a crash.
+        xaxis={"type": "date", "tickformat": "%b %d %H:%M"},
+        yaxis={"rangemode": "tozero"},
         **_LAYOUT,
     )
     return fig

@@ -10,12 +10,24 @@ import plotly.graph_objects as go
 __all__ = ["gpu_heatmap", "utilisation_lines"]
 
 _LAYOUT = {"margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "template": "plotly_white"}
+MIN_MINUTES = 10
 
 
 def gpu_heatmap(
     *, gpus: Sequence[str], minutes: Sequence[datetime], values: Sequence[Sequence[float | None]]
 ) -> go.Figure:
-    """Utilisation per GPU (rows) per minute (columns), percent; None where nothing was reported."""
+    """Utilisation per GPU (rows) per minute (columns), percent; None where nothing was reported.
+
+    Fitted to the data: minutes before any GPU reported are left off (keeping at least the
+    last ``MIN_MINUTES``), so a fleet that started ten minutes ago fills the chart.
+    """
+    first = next(
+        (i for i in range(len(minutes)) if any(row[i] is not None for row in values)),
+        len(minutes),
+    )
+    first = min(first, max(len(minutes) - MIN_MINUTES, 0))
+    minutes = list(minutes)[first:]
+    values = [list(row)[first:] for row in values]
     fig = go.Figure(
         go.Heatmap(
             z=[list(row) for row in values],
