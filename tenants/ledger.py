@@ -56,7 +56,8 @@ def amount_validate(amount: object, *, field: str = "amount") -> int:
         raise TenantError(f"{field} must be positive, got {amount}")
     if amount > MAX_AMOUNT:
         raise TenantError(
-            f"{field} {amount} is larger than the limit of {MAX_AMOUNT} milli-credits"
+            f"{field} of {credits(amount)} credits is larger than the limit of "
+            f"{credits(MAX_AMOUNT)} credits"
         )
     return amount
 

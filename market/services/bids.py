@@ -90,7 +90,10 @@ def _round_open_locked(*, round_id: int, now: datetime) -> Round:
 def _budget_or_refuse(
     *, tenant: Tenant, amount: int, campaign: Campaign | None, now: datetime
 ) -> None:
-    decision = budget_check(tenant=tenant, amount=amount, campaign=campaign, at=now)
+    try:
+        decision = budget_check(tenant=tenant, amount=amount, campaign=campaign, at=now)
+    except TenantError as exc:  # e.g. an escrow beyond what one ledger operation may move
+        raise MarketError(f"bid refused: {exc}") from exc
     if not decision.allowed:
         raise MarketError(f"bid refused: {decision.reason}")
 

@@ -284,3 +284,23 @@ def test_tenant_bids_cancel_releases_every_open_bid_of_that_tenant_only(market, 
     theirs.refresh_from_db()
     assert theirs.status == "open" and balance_get(tenant=other).escrow == 1000
     assert ledger_verify() == []
+
+
+@pytest.mark.django_db
+def test_an_escrow_beyond_what_the_ledger_moves_is_a_refusal_in_credits_not_a_crash():
+    from market.errors import MarketError
+    from tests.market.marketkit import market_make
+
+    market = market_make(round_minutes=720)  # 12-hour windows
+    team = factories.tenant(credits=1_000)
+    user = factories.member(tenant=team)
+    with pytest.raises(MarketError, match="larger than the limit of 1,000,000,000,000.000 credits"):
+        bid_place(
+            user=user,
+            tenant=team,
+            round=market.round,
+            quantity=100_000,
+            limits={"a100": 10**9},
+            now=T0,
+        )
+    assert not Bid.objects.filter(tenant=team).exists()
