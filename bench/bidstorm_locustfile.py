@@ -27,7 +27,7 @@ def _body() -> dict:
     return {
         "round": ROUND,
         "quantity": random.choice((1, 1, 2, 4)),
-        "limits": {tier: random.randrange(1_000, 9_000)},
+        "limits": {tier: f"{random.randrange(1_000, 9_000) / 1000:.3f}"},
         "note": "storm",
     }
 
@@ -82,7 +82,7 @@ class Researcher(HttpUser):
         if MODE != "storm" or not self.mine:
             return
         bid = random.choice(self.mine)
-        body = {"limits": {random.choice(TIERS): random.randrange(1_000, 9_000)}}
+        body = {"limits": {random.choice(TIERS): f"{random.randrange(1_000, 9_000) / 1000:.3f}"}}
         with self.client.patch(
             f"/api/v1/bids/{bid}", data=json.dumps(body), name="edit", catch_response=True
         ) as r:

@@ -4,12 +4,15 @@
 
     client = Client("https://gpumarket.example.org", token="gm_...")
     rnd = client.open_round()
-    bid = client.place_bid(round=rnd["id"], quantity=4, limits={"a100": 2_500})
+    bid = client.place_bid(round=rnd["id"], quantity=4, limits={"a100": "2.5"})
     pace = client.pace(allocation=17)
     if pace.allows("heavy"):
         ...  # heavier augmentation, longer sequences
 
-Money is integer milli-credits (1 credit = 1000); prices are milli-credits per GPU-hour.
+Money is credits written as a decimal string, as the API sends it: "12.500" (three decimals);
+prices are credits per GPU-hour. Give limits as strings ("2.5") or Decimals; ``Decimal(text)``
+reads any amount exactly. An int or float is refused: an int was milli-credits before the API
+moved to credits, and a float cannot hold 0.1 exactly.
 Every refusal raises ApiError with the server's code, message and per-field messages.
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from typing import Any
 
 import requests
@@ -42,6 +46,22 @@ class ApiError(Exception):
         self.message = message
         self.fields = fields or {}
         self.retry_after = retry_after
+
+
+def _credits_sent(limits: dict[str, str | Decimal]) -> dict[str, str]:
+    """Limits as the API takes them: strings of credits. Refuses what would be ambiguous."""
+    sent = {}
+    for slug, price in limits.items():
+        if isinstance(price, Decimal):
+            sent[slug] = format(price, "f")
+        elif isinstance(price, str):
+            sent[slug] = price
+        else:
+            raise TypeError(
+                f"limit for {slug} must be credits as a string or Decimal, e.g. '2.5', "
+                f"not {type(price).__name__} {price!r}"
+            )
+    return sent
 
 
 class Client:
@@ -114,7 +134,7 @@ class Client:
         return self.request("GET", "/me")
 
     def balance(self) -> dict:
-        """{"available": milli-credits, "escrow": ..., "total": ...}"""
+        """{"available": "12.500", "escrow": ..., "total": ...} in credits."""
         return self.request("GET", "/balance")
 
     def tiers(self) -> list[dict]:
@@ -148,13 +168,13 @@ class Client:
         *,
         round: int,
         quantity: int,
-        limits: dict[str, int],
+        limits: dict[str, str | Decimal],
         min_quantity: int = 0,
         campaign: int | None = None,
         note: str = "",
         idempotency_key: str | None = None,
     ) -> dict:
-        """Place a bid; ``limits`` = {tier slug: milli-credits per GPU-hour}.
+        """Place a bid; ``limits`` = {tier slug: credits per GPU-hour, "2.5" or Decimal("2.5")}.
 
         Sent with an Idempotency-Key (a fresh one unless given), so retrying this call with
         the same key after a timeout never places, or escrows, the bid twice.
@@ -163,7 +183,7 @@ class Client:
             "round": round,
             "quantity": quantity,
             "min_quantity": min_quantity,
-            "limits": limits,
+            "limits": _credits_sent(limits),
             "campaign": campaign,
             "note": note,
         }
@@ -176,14 +196,14 @@ class Client:
         *,
         quantity: int | None = None,
         min_quantity: int | None = None,
-        limits: dict[str, int] | None = None,
+        limits: dict[str, str | Decimal] | None = None,
     ) -> dict:
         body = {
             k: v
             for k, v in {
                 "quantity": quantity,
                 "min_quantity": min_quantity,
-                "limits": limits,
+                "limits": None if limits is None else _credits_sent(limits),
             }.items()
             if v is not None
         }

@@ -1,18 +1,40 @@
-"""Market representations. Prices are milli-credits per GPU-hour; amounts are milli-credits."""
+"""Market representations. Money is credits as a decimal string ("12.500"; prices per
+GPU-hour), milli-credits inside: see tenants/api/money.py."""
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api import StrictIntegerField
 from market.models import Allocation, Bid, PolicyVersion, Round, Tier
 from market.services._common import MAX_GPUS, MAX_PRICE
+from tenants.api.money import CreditsField, CreditsInputField, positive_pattern
+from tenants.ledger import MILLI
+
+MOST_PRICE_CREDITS = MAX_PRICE // MILLI
+
+
+@extend_schema_field(
+    {
+        "type": "string",
+        "format": "decimal",
+        "pattern": positive_pattern(MOST_PRICE_CREDITS),
+        "example": "2.5",
+        "description": f"Credits per GPU-hour, more than 0 and at most {MOST_PRICE_CREDITS:,}, "
+        "with at most three decimals.",
+    }
+)
+class PriceInputField(CreditsInputField):
+    """A limit price per GPU-hour, in credits, up to the market's bound."""
+
+    most_credits = MOST_PRICE_CREDITS
 
 
 class TierSerializer(serializers.ModelSerializer):
     offered = serializers.IntegerField(read_only=True, help_text="Capacity less maintenance.")
     reserve_price = serializers.SerializerMethodField(
-        help_text="Milli-credits per GPU-hour under the active policy (0 if none)."
+        help_text="Credits per GPU-hour under the active policy (0.000 if none)."
     )
     max_share_pct = serializers.SerializerMethodField(
         help_text="Most of this tier one tenant may win in a round, percent."
@@ -36,9 +58,10 @@ class TierSerializer(serializers.ModelSerializer):
     def _policy(self) -> PolicyVersion | None:
         return self.context.get("policy")
 
-    def get_reserve_price(self, tier: Tier) -> int:
+    @extend_schema_field(CreditsField())
+    def get_reserve_price(self, tier: Tier) -> str:
         policy = self._policy()
-        return policy.reserve_for(tier.slug) if policy else 0
+        return CreditsField().to_representation(policy.reserve_for(tier.slug) if policy else 0)
 
     def get_max_share_pct(self, tier: Tier) -> int:
         policy = self._policy()
@@ -53,8 +76,9 @@ class RoundSerializer(serializers.ModelSerializer):
         child=serializers.IntegerField(), help_text="GPUs offered per tier slug (set at clearing)."
     )
     prices = serializers.DictField(
-        child=serializers.IntegerField(),
-        help_text="Clearing price per tier slug, milli-credits per GPU-hour (set at clearing).",
+        child=CreditsField(),
+        read_only=True,
+        help_text="Clearing price per tier slug, credits per GPU-hour (set at clearing).",
     )
 
     class Meta:
@@ -89,8 +113,9 @@ class RoundFilterSerializer(serializers.Serializer):
 
 class BidSerializer(serializers.ModelSerializer):
     limits = serializers.SerializerMethodField(
-        help_text="Limit price per acceptable tier slug, milli-credits per GPU-hour."
+        help_text="Limit price per acceptable tier slug, credits per GPU-hour."
     )
+    escrow = CreditsField(help_text="Credits held for this bid now.")
     author = serializers.CharField(source="author.get_username", read_only=True)
 
     class Meta:
@@ -119,12 +144,15 @@ class BidSerializer(serializers.ModelSerializer):
             "outcome_reason": {"help_text": "The same, as a sentence with the figures."},
         }
 
-    def get_limits(self, bid: Bid) -> dict[str, int]:
-        return {limit.tier.slug: limit.price for limit in bid.limits.all()}
+    @extend_schema_field(serializers.DictField(child=CreditsField()))
+    def get_limits(self, bid: Bid) -> dict[str, str]:
+        shown = CreditsField()
+        return {limit.tier.slug: shown.to_representation(limit.price) for limit in bid.limits.all()}
 
 
 _LIMITS_HELP = (
-    "{tier slug: limit price in milli-credits per GPU-hour}; a tier left out is not acceptable. "
+    '{tier slug: limit price in credits per GPU-hour, a string such as "2.5"}; a tier left out '
+    "is not acceptable. "
     "Escrow held = quantity x highest limit x window hours."
 )
 
@@ -139,7 +167,7 @@ class BidCreateSerializer(serializers.Serializer):
         help_text="All or nothing below this many GPUs; 0 = any number up to quantity is useful.",
     )
     limits = serializers.DictField(
-        child=StrictIntegerField(min_value=1, max_value=MAX_PRICE),
+        child=PriceInputField(),
         allow_empty=False,
         help_text=_LIMITS_HELP,
     )
@@ -157,7 +185,7 @@ class BidEditSerializer(serializers.Serializer):
     quantity = StrictIntegerField(min_value=1, max_value=MAX_GPUS, required=False)
     min_quantity = StrictIntegerField(min_value=0, max_value=MAX_GPUS, required=False)
     limits = serializers.DictField(
-        child=StrictIntegerField(min_value=1, max_value=MAX_PRICE),
+        child=PriceInputField(),
         allow_empty=False,
         required=False,
         help_text=_LIMITS_HELP,
@@ -171,6 +199,11 @@ class BidFilterSerializer(serializers.Serializer):
 
 class AllocationSerializer(serializers.ModelSerializer):
     tier = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    price = CreditsField(help_text="Credits per GPU-hour: min(tier price, the bid's limit).")
+    charge = CreditsField(help_text="Credits charged for the whole window.")
+    cap_refund = CreditsField(
+        help_text="Credits refunded because a hard spend cap paused the work before it ran."
+    )
 
     class Meta:
         model = Allocation
@@ -182,14 +215,11 @@ class AllocationSerializer(serializers.ModelSerializer):
             "gpus",
             "price",
             "charge",
+            "cap_refund",
             "starts_at",
             "ends_at",
             "status",
         ]
-        extra_kwargs = {
-            "price": {"help_text": "Milli-credits per GPU-hour: min(tier price, the bid's limit)."},
-            "charge": {"help_text": "Milli-credits charged for the whole window."},
-        }
 
 
 class AllocationFilterSerializer(serializers.Serializer):

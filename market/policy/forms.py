@@ -1,7 +1,8 @@
 """Policy forms: parse what an admin typed into the arguments of the policy services.
 
-Reserve prices are typed in milli-credits per GPU-hour (the unit they are stored in, so an
-edit never rounds). The services validate the terms; their refusals come back as form errors.
+Reserve prices and the spend limit are typed in credits (at most three decimals, so an edit
+never rounds) and stored in milli-credits. The services validate the terms; their refusals
+come back as form errors.
 """
 
 from __future__ import annotations

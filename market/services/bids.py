@@ -52,9 +52,7 @@ def _terms(*, quantity: Any, min_quantity: Any, limits: Any) -> _Terms:
             "the minimum is the smallest useful number of GPUs, at most the quantity"
         )
     if not isinstance(limits, dict) or not limits:
-        raise MarketError(
-            "a bid needs a limit price for at least one tier ({tier slug: milli-credits/GPU-h})"
-        )
+        raise MarketError("a bid needs a limit price for at least one tier")
     tiers = Tier.objects.in_bulk(list(limits), field_name="slug")
     unknown = sorted(str(slug) for slug in limits if slug not in tiers)
     if unknown:

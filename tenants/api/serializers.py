@@ -1,9 +1,12 @@
-"""Read-only representations of tenant data. Money is integer milli-credits throughout."""
+"""Read-only representations of tenant data. Money is credits as a decimal string ("12.500"),
+milli-credits inside: see tenants/api/money.py."""
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from tenants.api.money import CreditsField
 from tenants.models import Account, Budget, Campaign, Notification, Transfer
 
 
@@ -24,17 +27,18 @@ class MeSerializer(serializers.Serializer):
 
 
 class BalanceSerializer(serializers.Serializer):
-    available = serializers.IntegerField(help_text="Milli-credits free to bid.")
-    escrow = serializers.IntegerField(help_text="Milli-credits held for open bids.")
-    total = serializers.IntegerField()
+    available = CreditsField(help_text="Credits free to bid.")
+    escrow = CreditsField(help_text="Credits held for open bids.")
+    total = CreditsField(help_text="Available plus escrow.")
 
 
 class TransferSerializer(serializers.ModelSerializer):
+    amount = CreditsField(help_text="Credits moved.")
     available_change = serializers.SerializerMethodField(
-        help_text="Signed effect on the tenant's available account, milli-credits."
+        help_text="Signed effect on the tenant's available account, credits."
     )
     escrow_change = serializers.SerializerMethodField(
-        help_text="Signed effect on the tenant's escrow account, milli-credits."
+        help_text="Signed effect on the tenant's escrow account, credits."
     )
     source = serializers.CharField(source="source.kind")
     destination = serializers.CharField(source="destination.kind")
@@ -55,18 +59,20 @@ class TransferSerializer(serializers.ModelSerializer):
             "created_at",
         ]
 
-    def _change(self, transfer: Transfer, kind: str) -> int:
+    def _change(self, transfer: Transfer, kind: str) -> str:
         change = 0
         if transfer.source.kind == kind:
             change -= transfer.amount
         if transfer.destination.kind == kind:
             change += transfer.amount
-        return change
+        return CreditsField().to_representation(change)
 
-    def get_available_change(self, transfer: Transfer) -> int:
+    @extend_schema_field(CreditsField())
+    def get_available_change(self, transfer: Transfer) -> str:
         return self._change(transfer, Account.Kind.AVAILABLE)
 
-    def get_escrow_change(self, transfer: Transfer) -> int:
+    @extend_schema_field(CreditsField())
+    def get_escrow_change(self, transfer: Transfer) -> str:
         return self._change(transfer, Account.Kind.ESCROW)
 
 
@@ -89,11 +95,10 @@ class BudgetSerializer(serializers.ModelSerializer):
     campaign = CampaignSerializer(allow_null=True)
     window_start = serializers.DateTimeField(source="usage.window_start")
     window_end = serializers.DateTimeField(source="usage.window_end")
-    spent = serializers.IntegerField(
-        source="usage.spent", help_text="Charges less refunds in the window."
-    )
-    held = serializers.IntegerField(source="usage.held", help_text="Escrow held now.")
-    remaining = serializers.IntegerField(source="usage.remaining")
+    cap = CreditsField(help_text="Most the team may be charged in the window, credits.")
+    spent = CreditsField(source="usage.spent", help_text="Charges less refunds in the window.")
+    held = CreditsField(source="usage.held", help_text="Escrow held now.")
+    remaining = CreditsField(source="usage.remaining", help_text="Cap less spent and held.")
 
     class Meta:
         model = Budget

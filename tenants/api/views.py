@@ -48,7 +48,7 @@ class BalanceView(APIView):
     permission_classes = [permissions.IsAuthenticated, IsTenantMember]
     tenant_scoped = True
 
-    @extend_schema(responses=BalanceSerializer, summary="The tenant's balance (milli-credits)")
+    @extend_schema(responses=BalanceSerializer, summary="The tenant's balance (credits)")
     def get(self, request):
         balance = balance_get(tenant=require_tenant(request.user))
         return Response(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -29,34 +30,40 @@ def test_client_bids_reads_and_reports_refusals(live_world, live_server):
     client = Client(live_server.url, world.a.token)
     assert client.me()["tenant"]["slug"] == world.a.tenant.slug
     start = client.balance()
-    assert start["available"] == balance_get(tenant=world.a.tenant).available
+    assert Decimal(start["available"]) * 1000 == balance_get(tenant=world.a.tenant).available
 
     rnd = client.open_round()
     assert rnd["id"] == world.open_round.pk
     assert [t["slug"] for t in client.tiers()] == [TIER]
     assert [r["id"] for r in client.rounds(status="settled")] == [world.past_round.pk]
 
-    bid = client.place_bid(round=rnd["id"], quantity=2, limits={TIER: 1_200}, idempotency_key="k-1")
+    bid = client.place_bid(round=rnd["id"], quantity=2, limits={TIER: "1.2"}, idempotency_key="k-1")
     again = client.place_bid(
-        round=rnd["id"], quantity=2, limits={TIER: 1_200}, idempotency_key="k-1"
+        round=rnd["id"], quantity=2, limits={TIER: Decimal("1.200")}, idempotency_key="k-1"
     )
     assert again["id"] == bid["id"]
-    assert client.balance()["escrow"] == start["escrow"] + bid["escrow"]
+    assert bid["limits"] == {TIER: "1.200"}
+    escrow = Decimal(client.balance()["escrow"])
+    assert escrow == Decimal(start["escrow"]) + Decimal(bid["escrow"]) > 0
     assert client.edit_bid(bid["id"], quantity=3)["quantity"] == 3
     assert client.cancel_bid(bid["id"])["status"] == "cancelled"
     assert client.balance() == start
     assert bid["id"] in {b["id"] for b in client.bids(status="cancelled")}
 
     with pytest.raises(ApiError) as refused:
-        client.place_bid(round=rnd["id"], quantity=1_000, limits={TIER: 1_000_000})
+        client.place_bid(round=rnd["id"], quantity=1_000, limits={TIER: "1000"})
     assert refused.value.status == 409
     assert refused.value.code == "refused"
     assert "insufficient credits" in refused.value.message
 
     with pytest.raises(ApiError) as invalid:
-        client.place_bid(round=rnd["id"], quantity=0, limits={TIER: 1})
+        client.place_bid(round=rnd["id"], quantity=0, limits={TIER: "1"})
     assert invalid.value.status == 400
     assert "quantity" in invalid.value.fields
+
+    # An int was milli-credits before the API moved to credits: refused, never guessed.
+    with pytest.raises(TypeError, match="credits as a string or Decimal"):
+        client.place_bid(round=rnd["id"], quantity=1, limits={TIER: 1_200})
 
     with pytest.raises(ApiError) as foreign:
         client.cancel_bid(world.b.bid.pk)

@@ -123,7 +123,7 @@ def write_body(world) -> dict:
         "round": world.open_round.pk,
         "quantity": 1,
         "min_quantity": 0,
-        "limits": {"a100": 1_500},
+        "limits": {"a100": "1.5"},
         "campaign": world.a.campaign.pk,
         "note": "cross-tenant probe",
     }

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
+from decimal import Decimal
 
 import pytest
 from django.test import override_settings
+from hypothesis import given
+from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
+from market.api.serializers import MOST_PRICE_CREDITS, PriceInputField
 from market.models import Bid
+from market.services._common import MAX_PRICE
+from tenants.api.money import credits_text
 from tenants.budgets import budget_set
-from tenants.ledger import balance_get
+from tenants.ledger import MILLI, balance_get
 from tenants.models import Budget, Transfer
 from tenants.services.tokens import token_create
 from tests.api.world import CREDITS, RESERVE, TIER
@@ -28,7 +35,12 @@ def patch(api: APIClient, url: str, body: dict):
 
 
 def bid_body(world, **overrides) -> dict:
-    return {"round": world.open_round.pk, "quantity": 2, "limits": {TIER: 1_500}} | overrides
+    return {"round": world.open_round.pk, "quantity": 2, "limits": {TIER: "1.5"}} | overrides
+
+
+def milli(text: str) -> int:
+    """An amount the API sent ("1.500") in milli-credits, exactly."""
+    return int(Decimal(text) * MILLI)
 
 
 def test_place_edit_cancel_moves_escrow_and_audits(world):
@@ -40,21 +52,22 @@ def test_place_edit_cancel_moves_escrow_and_audits(world):
     placed = post(api, "/api/v1/bids", bid_body(world))
     assert placed.status_code == 201, placed.content
     bid = placed.json()
-    assert bid["limits"] == {TIER: 1_500}
+    assert bid["limits"] == {TIER: "1.500"}
     assert bid["status"] == "open"
-    assert bid["escrow"] == int(2 * 1_500 * hours)
-    assert balance_get(tenant=tenant).available == start.available - bid["escrow"]
+    assert milli(bid["escrow"]) == int(2 * 1_500 * hours)
+    assert balance_get(tenant=tenant).available == start.available - milli(bid["escrow"])
     assert AuditEvent.objects.filter(action="bid.place", object_id=str(bid["id"])).exists()
 
-    edited = patch(api, f"/api/v1/bids/{bid['id']}", {"quantity": 3, "limits": {TIER: 2_000}})
+    edited = patch(api, f"/api/v1/bids/{bid['id']}", {"quantity": 3, "limits": {TIER: "2"}})
     assert edited.status_code == 200, edited.content
-    assert edited.json()["escrow"] == int(3 * 2_000 * hours)
-    assert balance_get(tenant=tenant).available == start.available - edited.json()["escrow"]
+    assert edited.json()["limits"] == {TIER: "2.000"}
+    assert milli(edited.json()["escrow"]) == int(3 * 2_000 * hours)
+    assert balance_get(tenant=tenant).available == start.available - milli(edited.json()["escrow"])
 
     cancelled = api.post(f"/api/v1/bids/{bid['id']}/cancel")
     assert cancelled.status_code == 200
     assert cancelled.json()["status"] == "cancelled"
-    assert cancelled.json()["escrow"] == 0
+    assert cancelled.json()["escrow"] == "0.000"
     assert balance_get(tenant=tenant) == start
 
     again = api.post(f"/api/v1/bids/{bid['id']}/cancel")
@@ -108,8 +121,6 @@ def test_an_idempotency_key_replayed_with_another_campaign_or_note_is_a_409(worl
         ("min_quantity", "0"),
         ("round", "ROUND"),
         ("campaign", "CAMPAIGN"),
-        ("limits", {TIER: "1500"}),
-        ("limits", {TIER: 1500.0}),
     ],
 )
 def test_the_bids_api_takes_integers_as_json_integers_only(world, field, value):
@@ -127,12 +138,89 @@ def test_the_bids_api_takes_integers_as_json_integers_only(world, field, value):
     assert Bid.objects.count() == bids
 
 
+@pytest.mark.parametrize(
+    "price",
+    [
+        1500,  # an int: milli-credits before the API moved to credits, so refused, not guessed
+        1.5,
+        "1,5",
+        "1,500",
+        "1e3",
+        "1.2345",
+        "0",
+        "0.000",
+        "-1",
+        "+1.5",
+        " 1.5",
+        "01.5",
+        "1.",
+        ".5",
+        "NaN",
+        "Infinity",
+        "1_000",
+        "1000000.001",
+        "99999999999999999999",
+    ],
+)
+def test_a_limit_price_is_credits_written_as_a_string(world, price):
+    api = world.a.client()
+    bids = Bid.objects.count()
+    response = post(api, "/api/v1/bids", bid_body(world, limits={TIER: price}))
+    assert response.status_code == 400, response.content
+    assert "credits as a string" in response.json()["error"]["fields"][f"limits.{TIER}"][0]
+    assert Bid.objects.count() == bids
+
+
+def test_limit_prices_in_credits_are_held_to_the_milli_credit(world):
+    api = world.a.client()
+    start = balance_get(tenant=world.a.tenant)
+    placed = post(api, "/api/v1/bids", bid_body(world, quantity=1, limits={TIER: "0.001"}))
+    assert placed.status_code == 201, placed.content
+    assert placed.json()["limits"] == {TIER: "0.001"}
+    assert Bid.objects.get(pk=placed.json()["id"]).limits.get().price == 1
+    held = start.available - balance_get(tenant=world.a.tenant).available
+    assert milli(placed.json()["escrow"]) == held > 0
+
+
+def test_the_schema_states_exactly_the_prices_the_server_takes(world):
+    """The pattern in the schema is the one the server applies, and its bounds are the
+    market's: 0.001 credits up to MAX_PRICE milli-credits per GPU-hour."""
+    schema = world.a.client().get("/api/schema/?format=json").json()
+    limits = schema["components"]["schemas"]["BidCreate"]["properties"]["limits"]
+    pattern = limits["additionalProperties"]["pattern"]
+    field = PriceInputField()
+    assert MOST_PRICE_CREDITS * MILLI == MAX_PRICE
+
+    @given(st.integers(min_value=-5, max_value=MAX_PRICE + 5))
+    def every_amount(amount):
+        text = credits_text(amount)
+        taken = re.search(pattern, text) is not None
+        assert taken == (1 <= amount <= MAX_PRICE)
+        if taken:
+            assert field.to_internal_value(text) == amount
+            assert field.to_internal_value(text.rstrip("0").rstrip(".")) == amount
+
+    @given(st.text(alphabet="0123456789.,-+eE _\n", max_size=12))
+    def every_string(text):
+        taken = re.search(pattern, text) is not None
+        try:
+            value = field.to_internal_value(text)
+        except Exception:
+            assert not taken
+        else:
+            assert taken and 1 <= value <= MAX_PRICE
+            assert value == Decimal(text.strip()) * MILLI
+
+    every_amount()
+    every_string()
+
+
 def test_refusals_write_nothing_and_say_why(world):
     api = world.a.client()
     bids = Bid.objects.count()
     transfers = Transfer.objects.count()
 
-    broke = post(api, "/api/v1/bids", bid_body(world, quantity=1_000, limits={TIER: 1_000_000}))
+    broke = post(api, "/api/v1/bids", bid_body(world, quantity=1_000, limits={TIER: "1000"}))
     assert broke.status_code == 409
     assert "insufficient credits" in broke.json()["error"]["message"]
 
@@ -147,11 +235,11 @@ def test_refusals_write_nothing_and_say_why(world):
     assert capped.status_code == 409
     assert "budget would be exceeded" in capped.json()["error"]["message"]
 
-    unknown = post(api, "/api/v1/bids", bid_body(world, limits={"h900": 1_000}))
+    unknown = post(api, "/api/v1/bids", bid_body(world, limits={"h900": "1"}))
     assert unknown.status_code == 409
     assert "unknown tier h900" in unknown.json()["error"]["message"]
 
-    not_a_slug = post(api, "/api/v1/bids", bid_body(world, limits={"A 100!": 1_000}))
+    not_a_slug = post(api, "/api/v1/bids", bid_body(world, limits={"A 100!": "1"}))
     assert not_a_slug.status_code == 409
     assert not_a_slug.json()["error"]["fields"] == {"limits": ["unknown tier A 100!"]}
 
@@ -229,29 +317,34 @@ def test_rounds_tiers_balance_and_ledger(world):
     assert [r["id"] for r in open_rounds] == [world.open_round.pk]
     history = api.get("/api/v1/rounds?status=settled").json()["results"]
     assert [r["id"] for r in history] == [world.past_round.pk]
-    assert history[0]["prices"][TIER] >= RESERVE
+    assert milli(history[0]["prices"][TIER]) >= RESERVE
 
     tiers = api.get("/api/v1/tiers").json()["results"]
-    assert [(t["slug"], t["reserve_price"]) for t in tiers] == [(TIER, RESERVE)]
+    assert [(t["slug"], t["reserve_price"]) for t in tiers] == [(TIER, credits_text(RESERVE))]
     assert api.get(f"/api/v1/tiers/{TIER}").json()["slug"] == TIER
 
     balance = api.get("/api/v1/balance").json()
     live = balance_get(tenant=world.a.tenant)
-    assert balance == {"available": live.available, "escrow": live.escrow, "total": live.total}
+    assert balance == {
+        "available": credits_text(live.available),
+        "escrow": credits_text(live.escrow),
+        "total": credits_text(live.total),
+    }
 
     ledger = api.get("/api/v1/ledger").json()
     assert ledger["count"] == Transfer.objects.filter(tenant=world.a.tenant).count()
     grant = api.get("/api/v1/ledger?kind=grant").json()["results"]
     assert [(g["amount"], g["available_change"], g["escrow_change"]) for g in grant] == [
-        (CREDITS, CREDITS, 0)
+        (credits_text(CREDITS), credits_text(CREDITS), "0.000")
     ]
     charges = api.get("/api/v1/ledger?kind=charge").json()["results"]
     assert charges and all(
-        c["escrow_change"] == -c["amount"] and c["available_change"] == 0 for c in charges
+        c["escrow_change"] == f"-{c['amount']}" and c["available_change"] == "0.000"
+        for c in charges
     )
 
     budgets = api.get("/api/v1/budgets").json()["results"]
-    assert budgets[0]["spent"] == sum(c["amount"] for c in charges)
+    assert milli(budgets[0]["spent"]) == sum(milli(c["amount"]) for c in charges)
     assert api.get("/api/v1/notifications?unread=true").json()["count"] >= 1
 
 
