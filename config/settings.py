@@ -94,6 +94,7 @@ INSTALLED_APPS = [
     "tenants",
     "market",
     "telemetry",
+    "planning",
     "axes",
 ]
 
