@@ -14,5 +14,6 @@ urlpatterns = [
     path("market/", include("market.urls")),
     path("fleet/", include("telemetry.urls")),
     path("audit/", include("audit.urls")),
+    path("planning/", include("planning.urls")),
     path("", include("tenants.urls")),
 ]

@@ -17,6 +17,8 @@ USAGE = """usage: gpumarket COMMAND [ARGS]
   agent           run a node agent (NVML or simulated) that posts samples and applies directives
   clear FILE      clear an auction instance (JSON) and print the result as JSON
   simulate        replay a job trace or past rounds under a policy (what-if)
+  plan FILE       run a capacity scenario (tier changes, options to buy or rent) and print
+                  the forecast, the replay and the recommendation as JSON
   verify-ledger   check every ledger invariant; non-zero exit names what is wrong
   verify-audit    check the keyed audit chain and its signed checkpoints; non-zero exit
                   names the first bad event

@@ -39,3 +39,12 @@ def with_nonce(html: str, nonce: object) -> str:
     nonce on each of its inline scripts, so the Content-Security-Policy lets them run."""
     tagged = _SCRIPT_TAG.sub(f'<script nonce="{escape(str(nonce))}"', str(html))
     return mark_safe(tagged)  # noqa: S308 - our own figure HTML, the nonce escaped
+
+
+@register.filter
+def get_item(mapping: object, key: object) -> object:
+    """``mapping[key]`` in a template; 0 for a missing key (a team absent from one side of a
+    comparison spent nothing there)."""
+    if not isinstance(mapping, dict):
+        return 0
+    return mapping.get(key, 0)

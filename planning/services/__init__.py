@@ -1,0 +1,1 @@
+"""Every planning write: declared campaigns (``campaigns``) and scenario runs (``scenarios``)."""

@@ -1,0 +1,142 @@
+"""Scenario runs on the database: history and declared campaigns in, results kept, audited."""
+
+from __future__ import annotations
+
+import copy
+import re
+from datetime import timedelta
+
+import pytest
+
+from audit.models import AuditEvent
+from planning.errors import PlanningError
+from planning.models import PlannedCampaign, Scenario
+from planning.services.campaigns import planned_campaign_declare, planned_campaign_withdraw
+from planning.services.scenarios import scenario_create, scenario_run
+from tests.planning.history import history_build
+
+pytestmark = pytest.mark.django_db
+
+DOCUMENT = {
+    "name": "8 more a100",
+    "horizon_weeks": 1,
+    "changes": [{"tier": "a100", "add_gpus": 8}],
+    "job_gpus": 2,
+    "targets": {"max_unmet_pct": 0, "max_wait_rounds": 0},
+    "kwh_price": "0.2",
+    "options": [
+        {"tier": "a100", "kind": "reserved", "per_hour": "2", "term_months": 12},
+        {"tier": "a100", "kind": "on_demand", "per_hour": "4"},
+    ],
+}
+
+
+@pytest.fixture
+def history():
+    return history_build(rounds=8)
+
+
+def run(document: dict, actor) -> Scenario:
+    kept = scenario_create(actor=actor, document=document, queue=False)
+    return scenario_run(scenario_id=kept.pk)
+
+
+def test_a_scenario_that_adds_capacity_lowers_price_and_unmet_demand(history):
+    # 11 GPUs wanted an hour on 8: 3 short. With 8 more nothing is short.
+    done = run(DOCUMENT, history.admin)
+    assert done.status == Scenario.Status.DONE, done.error
+    tier = done.results["tiers"]["a100"]
+    assert (tier["capacity_before"], tier["capacity_after"]) == (8, 16)
+    for before, after in zip(tier["weeks_before"], tier["weeks_after"], strict=True):
+        assert after["price"] <= before["price"]
+        assert after["unmet_gpu_hours"] <= before["unmet_gpu_hours"]
+    assert tier["weeks_before"][0]["unmet_gpu_hours"] > 0
+    assert tier["weeks_after"][0]["unmet_gpu_hours"] == 0
+    assert done.results["history_rounds"] == 8
+    assert set(done.results["spend_after"]) == {"vision-lab", "nlp-group"}
+    # Capacity meets demand: nothing to buy.
+    assert done.results["recommendation"]["cost"] == 0
+    assert AuditEvent.objects.filter(
+        action="planning.scenario_run", object_id=str(done.pk)
+    ).exists()
+
+
+def test_a_declared_campaign_raises_demand_and_the_plan_buys_for_it(history):
+    start = history.end + timedelta(hours=1)
+    planned_campaign_declare(
+        tenant=history.vision, actor=history.manager, name="CVPR push", starts_at=start,
+        ends_at=start + timedelta(days=7), gpu_hours=7 * 24 * 10, tiers=["a100"],
+        priority=PlannedCampaign.Priority.HIGH, now=history.end,
+    )  # fmt: skip
+    unchanged = copy.deepcopy(DOCUMENT) | {"changes": []}
+    done = run(unchanged, history.admin)
+    assert done.status == Scenario.Status.DONE, done.error
+    assert [c["name"] for c in done.results["campaigns"]] == ["CVPR push"]
+    week = done.results["tiers"]["a100"]["weeks_after"][0]
+    assert week["demand_gpu_hours"] > 11 * 24 * 7 * 0.9  # history plus 10 GPUs for the week
+    plan = done.results["recommendation"]
+    assert plan["cost"] > 0
+    assert {line["kind"] for line in plan["lines"]} == {"reserved"}  # 2/h beats 4/h
+    assert plan["tiers"][0]["unmet_pct"] == pytest.approx(0, abs=1e-6)
+    assert plan["csv"].startswith("tier,option,gpus,gpu_hours,cost_credits")
+
+
+def test_the_backtest_is_shown_for_every_tier(history):
+    done = run(DOCUMENT, history.admin)
+    backtest = done.results["backtest"]["a100"]
+    assert backtest["holdout"] >= 1 and backtest["trained_on"] == 8 - backtest["holdout"]
+    assert backtest["mape_pct"] is not None or backtest["reason"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"horizon_weeks": 0}, "horizon_weeks: a whole number from 1"),
+        ({"changes": [{"tier": "h900", "add_gpus": 1}]}, "unknown tier h900"),
+        ({"changes": [{"new_tier": "a100", "gpus": 1}]}, "already exists"),
+        ({"options": [{"tier": "a100", "kind": "lease"}]}, "options[0].kind"),
+        ({"kwh_price": 0.2}, "kwh_price: write credits as a string"),
+        ({"targets": {"max_unmet_pct": 500}}, "targets.max_unmet_pct"),
+        ({"colour": "red"}, "unknown field(s) colour"),
+    ],
+)
+def test_a_bad_scenario_is_refused_with_the_field_to_fix_and_nothing_kept(history, change, message):
+    with pytest.raises(PlanningError, match=re.escape(message)):
+        scenario_create(actor=history.admin, document=DOCUMENT | change, queue=False)
+    assert not Scenario.objects.exists()
+
+
+def test_a_run_happens_once(history):
+    kept = scenario_create(actor=history.admin, document=DOCUMENT, queue=False)
+    first = scenario_run(scenario_id=kept.pk)
+    second = scenario_run(scenario_id=kept.pk)
+    assert first.finished_at == second.finished_at
+    assert AuditEvent.objects.filter(action="planning.scenario_run").count() == 1
+
+
+def test_planned_campaigns_are_validated_audited_and_withdrawn(history):
+    start = history.end + timedelta(days=1)
+    with pytest.raises(PlanningError, match="choose at least one tier"):
+        planned_campaign_declare(
+            tenant=history.vision, actor=history.manager, name="x", starts_at=start,
+            ends_at=start + timedelta(days=1), gpu_hours=10, tiers=["h900"], now=history.end,
+        )  # fmt: skip
+    with pytest.raises(PlanningError, match="already ended"):
+        planned_campaign_declare(
+            tenant=history.vision, actor=history.manager, name="x",
+            starts_at=history.end - timedelta(days=3), ends_at=history.end - timedelta(days=1),
+            gpu_hours=10, tiers=["a100"], now=history.end,
+        )  # fmt: skip
+    campaign = planned_campaign_declare(
+        tenant=history.vision, actor=history.manager, name="ICML", starts_at=start,
+        ends_at=start + timedelta(days=2), gpu_hours=100, tiers=["a100"], now=history.end,
+    )  # fmt: skip
+    with pytest.raises(PlanningError, match="no planned campaign"):
+        planned_campaign_withdraw(tenant=history.nlp, actor=None, campaign_id=campaign.pk)
+    planned_campaign_withdraw(tenant=history.vision, actor=history.manager, campaign_id=campaign.pk)
+    actions = list(
+        AuditEvent.objects.filter(object_id=str(campaign.pk), action__startswith="planning.")
+        .order_by("seq")
+        .values_list("action", flat=True)
+    )
+    assert actions == ["planning.campaign_declare", "planning.campaign_withdraw"]
