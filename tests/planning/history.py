@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+
+from django.utils import timezone
 
 from market.services import (
     bid_place,
@@ -17,7 +19,6 @@ from tenants.ledger import MILLI
 from tenants.models import Membership, Tenant
 from tests import factories
 
-T0 = datetime(2030, 1, 7, 0, 10, tzinfo=UTC)
 PASSWORD = "pw-member-123"
 
 
@@ -47,7 +48,8 @@ def history_build(*, rounds: int = 10, capacity: int = 8) -> History:
     )
     researcher = factories.member(tenant=vision, username="vresearcher", password=PASSWORD)
     nlp_user = factories.member(tenant=nlp, username="nuser", password=PASSWORD)
-    now = T0
+    # Ending about now, so that campaigns declared after it are in the web pages' future.
+    now = timezone.now().replace(minute=10, second=0, microsecond=0) - timedelta(hours=rounds + 1)
     for _ in range(rounds):
         rnd = round_open_next(now=now)
         bid_place(user=researcher, tenant=vision, round=rnd, quantity=6,

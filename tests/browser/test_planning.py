@@ -1,0 +1,77 @@
+"""In Chromium: a manager declares a planned campaign, an admin runs a scenario, and the page
+shows the forecast error, price and wait per week, and the recommendation with its chart."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from planning.models import PlannedCampaign, Scenario
+from planning.services.scenarios import scenario_run
+from tests.browser.conftest import login, shot
+from tests.planning.history import PASSWORD, history_build
+
+pytestmark = pytest.mark.browser
+
+LOCAL = "%Y-%m-%dT%H:%M"
+
+
+def test_manager_declares_a_campaign_and_an_admin_plans_for_it(page, monkeypatch):
+    history = history_build(rounds=8)
+    queued: list[int] = []
+    # The broker and a real worker are tested in tests/planning/test_worker.py; here the run
+    # the page queues is recorded, then run in this process as the worker would.
+    monkeypatch.setattr("planning.tasks.scenario_run_task.delay", queued.append)
+
+    login(page, "vmanager", PASSWORD)
+    page.goto("/planning/campaigns/")
+    start = history.end + timedelta(hours=1)
+    page.fill("#id_name", "CVPR push")
+    page.fill("#id_starts_at", start.strftime(LOCAL))
+    page.fill("#id_ends_at", (start + timedelta(days=7)).strftime(LOCAL))
+    page.fill("#id_gpu_hours", "1680")
+    page.check("input[name=tiers]")
+    page.select_option("#id_priority", "3")
+    page.click("#planned-campaign-form button[type=submit]")
+    page.wait_for_url("**/planning/campaigns/")
+    assert "CVPR push" in page.inner_text("#planned-campaigns")
+    campaign = PlannedCampaign.objects.get()
+    assert (campaign.tenant, campaign.gpu_hours, campaign.priority) == (history.vision, 1680, 3)
+    shot(page, "50-planned-campaign")
+    page.click("form.logout button")
+
+    login(page, "ops", "pw-admin-123")
+    page.goto("/planning/scenarios/")
+    document = json.loads(page.input_value("#id_document"))
+    assert document["changes"] == [{"tier": "a100", "add_gpus": 8}]  # the example, prefilled
+    document["horizon_weeks"] = 1
+    page.fill("#id_document", json.dumps(document))
+    page.click("#scenario-form button[type=submit]")
+    page.wait_for_selector("#scenario-status")
+    assert "Queued" in page.inner_text("#scenario-status")
+    scenario = Scenario.objects.get()
+    assert queued == [scenario.pk]
+
+    scenario_run(scenario_id=scenario.pk)
+    page.goto(f"/planning/scenarios/{scenario.pk}/")
+    assert "Done" in page.inner_text("#scenario-status")
+    assert "a100" in page.inner_text("#backtest")
+    weeks = page.inner_text("#weeks-a100")
+    assert "Price now" in weeks and "Wait with" in weeks
+    page.wait_for_selector("#price-wait-chart .main-svg")
+    page.wait_for_selector("#tradeoff-chart .main-svg")
+    results = Scenario.objects.get().results
+    if "error" in results["recommendation"]:
+        assert results["recommendation"]["error"] in page.inner_text("#recommendation-error")
+    else:
+        total = page.inner_text("#recommendation-total")
+        assert (
+            total
+            == f"{results['recommendation']['cost'] // 1000:,}.{results['recommendation']['cost'] % 1000:03d}"
+        )
+        with page.expect_download() as download:
+            page.click("#plan-csv")
+        assert download.value.suggested_filename == f"scenario-{scenario.pk}-plan.csv"
+    shot(page, "51-capacity-scenario")
