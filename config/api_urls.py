@@ -16,6 +16,7 @@ from rest_framework.routers import DefaultRouter
 
 from audit.api.views import AuditEventViewSet
 from market.api.views import AllocationViewSet, BidViewSet, RoundViewSet, TierViewSet
+from planning.api.views import PlannedCampaignViewSet, ScenarioViewSet
 from telemetry.api.views import AllocationPaceView
 from tenants.api.views import (
     BalanceView,
@@ -43,6 +44,8 @@ router.register("budgets", BudgetViewSet, basename="budget")
 router.register("campaigns", CampaignViewSet, basename="campaign")
 router.register("notifications", NotificationViewSet, basename="notification")
 router.register("audit", AuditEventViewSet, basename="audit-event")
+router.register("planning/campaigns", PlannedCampaignViewSet, basename="planned-campaign")
+router.register("planning/scenarios", ScenarioViewSet, basename="scenario")
 
 urlpatterns = [
     path("v1/telemetry/", include("telemetry.api.urls")),

@@ -89,3 +89,36 @@ class StrictIntegerField(serializers.IntegerField):
         if type(data) is not int:
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    """A number in a JSON body: a JSON number only (DRF's FloatField also takes "1.5")."""
+
+    default_error_messages = {
+        "invalid": "must be a number written as a JSON number (not a string)."
+    }
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictCharField(serializers.CharField):
+    """Text in a JSON body: a JSON string only (DRF's CharField also takes 5 and true)."""
+
+    default_error_messages = {"invalid": "must be a JSON string."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictRegexField(serializers.RegexField):
+    """A JSON string matching a pattern (DRF's RegexField also takes numbers)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)

@@ -121,6 +121,7 @@ def _targets(world) -> list[tuple]:
         (reverse("staff_tiers"), "admin", {"capacity", "maintenance_gpus"}),
         (reverse("policy_new"), "admin", set()),
         (f"/admin/tenants/tenant/{world['tenant'].pk}/grant/", "admin", {"amount"}),
+        (reverse("planned_campaigns"), "manager", {"gpu_hours", "priority"}),
     ]
 
 
@@ -140,11 +141,15 @@ NO_NUMBER = {
     "policy_shadow_clear",
     "bid_cancel",
     "confirm",
+    "planned_campaign_withdraw",
+    # A JSON document: its numbers are walked in tests/planning/test_views.py.
+    "scenarios",
 }
 COVERED = {
     "bid_new", "bid_edit", "bid_preview", "team_budget_set", "staff_credits", "staff_budgets",
     "staff_tenants", "staff_tiers", "staff_tier_update", "policy_new", "policy_edit",
     "policy_replay", "policy_round_void", "team_members", "login", "admin_grant",
+    "planned_campaigns",
 }  # fmt: skip
 
 
@@ -166,6 +171,8 @@ def test_every_post_form_in_the_templates_is_walked_or_holds_no_number():
         "edit": "policy_edit",
         "staff_tiers": "staff_tiers",
         "confirm": "confirm",  # core/confirm.py: a yes/no page, hidden fields only
+        "campaigns": "planned_campaigns",
+        "scenarios": "scenarios",
     }
     resolved = {forms_posting_to_their_page.get(n, n) for n in names}
     unknown = resolved - COVERED - NO_NUMBER

@@ -11,6 +11,7 @@ declares, so a client generator sees every status code without each view listing
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from drf_spectacular.openapi import AutoSchema
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
@@ -54,7 +55,13 @@ class GpumarketAutoSchema(AutoSchema):
         schema = super()._map_serializer_field(field, direction, bypass_extensions)
         if direction == "request":
             if isinstance(field, serializers.CharField) and schema.get("type") == "string":
-                schema.setdefault("pattern", NO_NUL_PATTERN)
+                # A RegexField's own pattern, which also excludes NUL; else the NUL rule.
+                patterns = [
+                    v.regex.pattern for v in field.validators if isinstance(v, RegexValidator)
+                ]
+                schema.setdefault("pattern", patterns[0] if patterns else NO_NUL_PATTERN)
+                if not field.allow_blank:
+                    schema.setdefault("minLength", 1)
             if isinstance(field, serializers.DictField) and not field.allow_empty:
                 schema["minProperties"] = 1
         return schema

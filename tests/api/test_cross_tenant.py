@@ -16,6 +16,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from audit.models import AuditEvent
 from market.models import Allocation, Bid, BidLimit
+from planning.models import PlannedCampaign
 from telemetry.models import EnforcementAction
 from tenants.models import Account, ApiToken, Budget, Campaign, Notification, Transfer
 
@@ -110,6 +111,7 @@ def state() -> dict:
         "allocations": list(Allocation.objects.order_by("pk").values_list("pk", "status", "gpus")),
         "budgets": list(Budget.objects.order_by("pk").values_list("pk", "cap", "mode", "active")),
         "campaigns": Campaign.objects.count(),
+        "planned": list(PlannedCampaign.objects.order_by("pk").values_list("pk", "withdrawn_at")),
         "notifications": list(Notification.objects.order_by("pk").values_list("pk", "read_at")),
         "actions": list(EnforcementAction.objects.order_by("pk").values_list("pk", "state")),
         "tokens": list(ApiToken.objects.order_by("pk").values_list("pk", "revoked_at")),

@@ -25,6 +25,8 @@ from market.services import (
     round_process,
     tier_create,
 )
+from planning.models import PlannedCampaign
+from planning.services.campaigns import planned_campaign_declare
 from telemetry.models import EnforcementAction, Node
 from telemetry.services import node_register, samples_ingest
 from telemetry.services.enforcement import enforce
@@ -62,6 +64,7 @@ class Side:
     budget: Budget
     allocation: Allocation
     bid: Bid
+    planned: PlannedCampaign
     extra: dict = field(default_factory=dict)
 
     def client(self) -> APIClient:
@@ -76,6 +79,7 @@ class Side:
             Allocation: self.allocation,
             Budget: self.budget,
             Campaign: self.campaign,
+            PlannedCampaign: self.planned,
             Transfer: Transfer.objects.filter(tenant=self.tenant).order_by("pk").first(),
             Notification: Notification.objects.filter(tenant=self.tenant).order_by("pk").first(),
             AuditEvent: AuditEvent.objects.filter(tenant=self.tenant).order_by("pk").first(),
@@ -149,6 +153,15 @@ def world_build(*, gpus_per_bid: int = 2) -> World:
             actor=user,
         )
         bid = bid_place(user=user, tenant=tenant, round=current, quantity=1, limits={TIER: 2_000})
+        planned = planned_campaign_declare(
+            tenant=tenant,
+            actor=user,
+            name="next push",
+            starts_at=now + timedelta(days=2),
+            ends_at=now + timedelta(days=9),
+            gpu_hours=1_000,
+            tiers=[TIER],
+        )
         sides.append(
             Side(
                 tenant=tenant,
@@ -158,6 +171,7 @@ def world_build(*, gpus_per_bid: int = 2) -> World:
                 budget=budget,
                 allocation=Allocation.objects.get(bid=past_bid),
                 bid=bid,
+                planned=planned,
             )
         )
     return World(

@@ -1,0 +1,93 @@
+"""The planning pages: who may see and do what; bad input is an error on the page, never a
+5xx, and writes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.urls import reverse
+
+from audit.models import AuditEvent
+from market.models import Tier
+from planning.models import PlannedCampaign, Scenario
+from planning.services.scenarios import scenario_run
+from tests.planning.history import history_build
+from tests.planning.test_scenarios import DOCUMENT
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def history():
+    return history_build(rounds=2)
+
+
+def test_members_see_the_declarations_and_only_managers_declare(client, history):
+    client.force_login(history.researcher)
+    page = client.get(reverse("planned_campaigns"))
+    assert page.status_code == 200 and b"Declare a campaign" not in page.content
+    assert client.post(reverse("planned_campaigns"), {"name": "x"}).status_code == 403
+    assert client.get(reverse("scenarios")).status_code == 403
+    client.force_login(history.manager)
+    assert b"Declare a campaign" in client.get(reverse("planned_campaigns")).content
+
+
+def test_a_declaration_ending_before_it_starts_is_an_inline_error(client, history):
+    client.force_login(history.manager)
+    answer = client.post(
+        reverse("planned_campaigns"),
+        {"name": "x", "starts_at": "2030-01-02T00:00", "ends_at": "2030-01-01T00:00",
+         "gpu_hours": "10", "tiers": [Tier.objects.get().pk], "priority": "2"},
+    )  # fmt: skip
+    assert answer.status_code == 400 and b"must end after it starts" in answer.content
+    assert not PlannedCampaign.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("horizon_weeks",), "1e30"),
+        (("horizon_weeks",), "1e5000"),
+        (("job_gpus",), "9" * 5000),
+        (("changes", 0, "add_gpus"), "1e30"),
+        (("changes", 0, "reserve"), '"1e30"'),
+        (("options", 0, "per_hour"), '"12,5"'),
+        (("targets", "max_unmet_pct"), "NaN"),
+        (("targets", "max_wait_rounds"), "-1"),
+        (("kwh_price",), '"' + "9" * 5000 + '"'),
+    ],
+)
+def test_hostile_numbers_in_a_scenario_are_errors_on_the_page(client, history, path, value):
+    document = json.loads(json.dumps(DOCUMENT))
+    marker = "__HOSTILE__"
+    node = document
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = marker
+    text = json.dumps(document).replace(f'"{marker}"', value)
+    client.force_login(history.admin)
+    events = AuditEvent.objects.count()
+    answer = client.post(reverse("scenarios"), {"document": text})
+    assert answer.status_code == 400, answer.content[:300]
+    assert b'role="alert"' in answer.content or b"errorlist" in answer.content
+    assert not Scenario.objects.exists() and AuditEvent.objects.count() == events
+
+
+def test_a_scenario_page_shows_progress_then_results_and_the_csv(client, history, monkeypatch):
+    monkeypatch.setattr("planning.tasks.scenario_run_task.delay", lambda pk: None)
+    client.force_login(history.admin)
+    made = client.post(reverse("scenarios"), {"document": json.dumps(DOCUMENT)})
+    scenario = Scenario.objects.get()
+    assert made.status_code == 302 and made["Location"] == reverse(
+        "scenario_detail", args=[scenario.pk]
+    )
+    queued = client.get(made["Location"]).content.decode()
+    assert 'http-equiv="refresh"' in queued and "Queued" in queued
+    assert client.get(reverse("scenario_csv", args=[scenario.pk])).status_code == 404
+    scenario_run(scenario_id=scenario.pk)
+    done = client.get(made["Location"]).content.decode()
+    assert 'http-equiv="refresh"' not in done and "Backtest error" in done
+    csv = client.get(reverse("scenario_csv", args=[scenario.pk]))
+    assert csv.status_code == 200 and csv["Content-Type"].startswith("text/csv")
+    assert csv.content.decode().splitlines()[0] == "tier,option,gpus,gpu_hours,cost_credits"
