@@ -74,7 +74,9 @@ def scenario_create(
     except ScenarioError as exc:
         raise PlanningError(str(exc)) from exc
     _tiers_known(doc)
-    scenario = Scenario.objects.create(name=doc.name, inputs=document, created_by=actor)
+    # A process (the `gpumarket plan` command) is an actor in the audit log, not a user.
+    created_by = actor if isinstance(actor, AbstractBaseUser) else None
+    scenario = Scenario.objects.create(name=doc.name, inputs=document, created_by=created_by)
     audit.record(
         actor=actor,
         action="planning.scenario_create",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 from datetime import timedelta
 
@@ -140,3 +141,26 @@ def test_planned_campaigns_are_validated_audited_and_withdrawn(history):
         .values_list("action", flat=True)
     )
     assert actions == ["planning.campaign_declare", "planning.campaign_withdraw"]
+
+
+def test_the_plan_command_runs_a_scenario_from_a_file_and_prints_its_results(history, tmp_path):
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(DOCUMENT))
+    out = StringIO()
+    call_command("plan", str(path), stdout=out)
+    printed = json.loads(out.getvalue())
+    kept = Scenario.objects.get(pk=printed["scenario"])
+    assert printed["status"] == kept.status == Scenario.Status.DONE
+    assert kept.created_by is None
+    event = AuditEvent.objects.get(action="planning.scenario_create", object_id=str(kept.pk))
+    assert event.actor_label == "cli"
+    assert printed["results"]["tiers"]["a100"]["capacity_after"] == 8 + 8  # the history has 8
+
+    path.write_text(json.dumps({**DOCUMENT, "horizon_weeks": 0}))
+    with pytest.raises(CommandError, match="horizon_weeks"):
+        call_command("plan", str(path), stdout=StringIO())

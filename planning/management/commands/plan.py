@@ -9,6 +9,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from market.clearing.highs import banner_silence
 from planning.errors import PlanningError
 from planning.models import Scenario
 from planning.services.scenarios import scenario_create, scenario_run
@@ -33,6 +34,7 @@ class Command(BaseCommand):
             kept = scenario_create(actor="cli", document=document, queue=False)
         except PlanningError as exc:
             raise CommandError(str(exc)) from exc
+        banner_silence()  # standard output is the result: JSON only
         done = scenario_run(scenario_id=kept.pk)
         self.stdout.write(
             json.dumps(
