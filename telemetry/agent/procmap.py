@@ -27,6 +27,7 @@ PROC = Path("/proc")
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 ALLOCATION_ENV = "GPUMARKET_ALLOCATION"
+LAUNCH_TOKEN_ENV = "GPUMARKET_LAUNCH_TOKEN"
 # Allocation ids are the server's bigint primary keys.
 ALLOCATION_MAX = 2**63 - 1
 SLURM_JOB_ENV = "SLURM_JOB_ID"
@@ -74,6 +75,8 @@ class ProcessInfo:
     # The pod's namespace when the downward API set POD_NAMESPACE (used to look the pod up).
     namespace: str | None = None
     environ: Mapping[str, str] = field(repr=False, default_factory=dict)
+    # Set by `gpumarket run`; the server checks it against the allocation the process claims.
+    launch_token: str | None = field(repr=False, default=None)
 
     @property
     def pod_named(self) -> bool:
@@ -111,7 +114,8 @@ def stat_read(pid: int, *, proc: Path = PROC) -> ProcStat | None:
 
 
 def environ_read(pid: int, *, proc: Path = PROC) -> dict[str, str] | None:
-    """The process's initial environment; None if it is gone, empty if not readable."""
+    """The process's initial environment; None if it is gone, empty if not readable (or read in
+    the instant after exec, before the kernel has set the new program's environment up)."""
     try:
         raw = (proc / str(pid) / "environ").read_bytes()
     except (FileNotFoundError, ProcessLookupError):
@@ -195,4 +199,5 @@ def process_describe(pid: int, *, proc: Path = PROC) -> ProcessInfo | None:
         pod=pod_find(environ, cgroup),
         namespace=environ.get(POD_NAMESPACE_ENV) or None,
         environ=environ,
+        launch_token=environ.get(LAUNCH_TOKEN_ENV) or None,
     )

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from telemetry.agent.procmap import stat_read
+from telemetry.agent.procmap import environ_read, stat_read
 
 
 def _wait_until(predicate: Callable[[], bool], *, timeout: float = 5.0) -> bool:
@@ -68,6 +68,10 @@ class Children:
             stdout=subprocess.PIPE,
             start_new_session=True,
         )
+        # Popen returns once exec has begun, but the kernel sets the new program's environment
+        # up a moment later: /proc/PID/environ reads empty in between (seen in CI). The agent
+        # reads it again next interval; a test that reads it once waits for it here.
+        _wait_until(lambda: bool(environ_read(child.pid)))
         return self.add(child)
 
     def cleanup(self) -> None:
@@ -193,7 +197,7 @@ def ingest() -> Iterator[StandInIngest]:
     server.stop()
 
 
-# Records its arguments, one JSON list per line. For `suspend|resume|requeue <job>` it
+# Records its arguments, one JSON list per line. For `suspend|resume <job>` it
 # answers like scontrol does for a job the controller no longer knows (job 404) or a refused
 # operation (job 500). For `show job <id> ...` it prints the record the test wrote to
 # jobs/<id>, else fails like scontrol for a job it does not know, or (job 500) for a
@@ -215,8 +219,26 @@ exit 0
 """
 
 
+# `scancel [--signal=TERM --full] <job>`: recorded in the same log, prefixed "scancel"; job 404
+# is unknown to the controller, job 500 a refusal. Cancelling writes JobState=CANCELLED into
+# the job's record, as the controller shows it afterwards.
+SCANCEL_STAND_IN = """#!/bin/sh
+printf '%s\\n' "$(python3 -c 'import json,sys; print(json.dumps(["scancel"] + sys.argv[1:]))' "$@")" >> "{log}"
+for job; do :; done
+case "$job" in
+  404) echo "scancel: error: Kill job error on job id 404: Invalid job id specified" >&2; exit 1 ;;
+  500) echo "scancel: error: Kill job error on job id 500: Access/permission denied" >&2; exit 1 ;;
+esac
+if [ "$1" != "--signal=TERM" ] && [ -f "{jobs}/$job" ]; then
+  sed -i 's/JobState=[A-Z]*/JobState=CANCELLED/' "{jobs}/$job"
+fi
+exit 0
+"""
+
+
 class StandInScontrol:
-    """A `scontrol` on PATH; calling it gives the argument lists it was run with."""
+    """`scontrol` and `scancel` on PATH; calling it gives the argument lists they were run
+    with (scancel's prefixed "scancel")."""
 
     def __init__(self, directory: Path) -> None:
         self.bin_dir = directory / "bin"
@@ -224,20 +246,21 @@ class StandInScontrol:
         self.log = directory / "scontrol.log"
         self.bin_dir.mkdir()
         self.jobs_dir.mkdir()
-        script = self.bin_dir / "scontrol"
-        script.write_text(SCONTROL_STAND_IN.format(log=self.log, jobs=self.jobs_dir))
-        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+        for name, text in (("scontrol", SCONTROL_STAND_IN), ("scancel", SCANCEL_STAND_IN)):
+            script = self.bin_dir / name
+            script.write_text(text.format(log=self.log, jobs=self.jobs_dir))
+            script.chmod(script.stat().st_mode | stat.S_IXUSR)
 
     def __call__(self) -> list[list[str]]:
         if not self.log.exists():
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines()]
 
-    def job(self, job_id: str, *, comment: str = "(null)") -> None:
+    def job(self, job_id: str, *, comment: str = "(null)", state: str = "RUNNING") -> None:
         """A job the controller knows, shown the way `--oneliner` prints it."""
         (self.jobs_dir / job_id).write_text(
             f"JobId={job_id} JobName=train UserId=alice(1000) GroupId=alice(1000) "
-            f"Priority=4294901755 JobState=RUNNING RunTime=00:01:02 Partition=gpu "
+            f"Priority=4294901755 JobState={state} RunTime=00:01:02 Partition=gpu "
             f"NodeList=gpu-node-07 Command=/home/alice/train.sh WorkDir=/home/alice "
             f"AdminComment=gpumarket:allocation=999 Comment={comment} "
             f"StdErr=/home/alice/slurm-{job_id}.out Power=\n"
