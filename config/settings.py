@@ -356,6 +356,12 @@ if not GPUMARKET_METRICS_TOKEN and not DEBUG:
 GPUMARKET_NODE_STALE_SECONDS = env_int("GPUMARKET_NODE_STALE_SECONDS", 90)
 GPUMARKET_SAMPLE_RETENTION_HOURS = env_int("GPUMARKET_SAMPLE_RETENTION_HOURS", 48)
 GPUMARKET_PREEMPT_GRACE_SECONDS = env_int("GPUMARKET_PREEMPT_GRACE_SECONDS", 30)
+# Slurm reservations per placed allocation (market/services/slurm_reservations.py): off
+# unless the platform's workers can run Slurm's client tools as an operator.
+GPUMARKET_SLURM_RESERVATIONS = env_bool("GPUMARKET_SLURM_RESERVATIONS", False)
+GPUMARKET_SLURM_SCONTROL = os.environ.get("GPUMARKET_SLURM_SCONTROL", "scontrol")
+GPUMARKET_SLURM_SACCTMGR = os.environ.get("GPUMARKET_SLURM_SACCTMGR", "sacctmgr")
+GPUMARKET_SLURM_TIMEOUT_SECONDS = env_int("GPUMARKET_SLURM_TIMEOUT_SECONDS", 15)
 # Ingest limits: how far a batch's clock may differ from ours, how old a backlogged sample may
 # be (keep it below the retention window), and the size of one batch.
 GPUMARKET_CLOCK_SKEW_SECONDS = env_int("GPUMARKET_CLOCK_SKEW_SECONDS", 120)

@@ -15,6 +15,9 @@ USAGE = """usage: gpumarket COMMAND [ARGS]
   demo            run the whole platform on the embedded default (SQLite, embedded broker,
                   a worker, beat and two simulated nodes) at http://127.0.0.1:8000
   agent           run a node agent (NVML or simulated) that posts samples and applies directives
+  run --allocation N -- COMMAND
+                  start COMMAND on the GPUs placed for allocation N on this node, with
+                  CUDA_VISIBLE_DEVICES and its launch token set
   clear FILE      clear an auction instance (JSON) and print the result as JSON
   simulate        replay a job trace or past rounds under a policy (what-if)
   plan FILE       run a capacity scenario (tier changes, options to buy or rent) and print
@@ -37,6 +40,10 @@ def _pure(command: str, argv: list[str]) -> int | None:
         from gpumarket.demo import main as demo_main
 
         return demo_main(argv)
+    if command == "run":
+        from gpumarket.run import main as run_main
+
+        return run_main(argv)
     if command == "agent":
         from telemetry.agent import main as agent_main
 

@@ -18,6 +18,9 @@ Every refusal raises ApiError with the server's code, message and per-field mess
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,6 +30,17 @@ from typing import Any
 import requests
 
 MODES = ("light", "moderate", "heavy")
+# Which node this machine is, for launches: the first of these set, else the host name.
+NODE_ENVS = ("GPUMARKET_NODE", "GPUMARKET_SIM_NODE")
+
+
+def this_node() -> str:
+    """The node name launches use here: GPUMARKET_NODE (the agent's --name), else the
+    simulated node's name, else the host name."""
+    for name in NODE_ENVS:
+        if os.environ.get(name):
+            return os.environ[name]
+    return socket.gethostname()
 
 
 class ApiError(Exception):
@@ -154,6 +168,35 @@ class Client:
 
     def allocations(self, *, status: str | None = None, round: int | None = None) -> list[dict]:
         return list(self._pages("/allocations", {"status": status, "round": round}))
+
+    def allocation(self, allocation: int) -> dict:
+        """One allocation, with its placement (node, GPU index, uuid) and ready commands."""
+        return self.request("GET", f"/allocations/{int(allocation)}")
+
+    def launch(self, allocation: int, *, node: str | None = None) -> dict:
+        """What work on ``node`` (default: this machine, see ``this_node``) needs to run on
+        the allocation: {"gpus", "uuids", "env"}. Refused (ApiError) when the allocation is
+        not active, not the token's team's, or has no GPUs on the node."""
+        return self.request(
+            "GET", f"/allocations/{int(allocation)}/launch", params={"node": node or this_node()}
+        )
+
+    def run(
+        self,
+        allocation: int,
+        argv: list[str],
+        *,
+        node: str | None = None,
+        env: dict[str, str] | None = None,
+        **popen: Any,
+    ) -> subprocess.Popen:
+        """Start ``argv`` on the allocation's GPUs on this node: CUDA_VISIBLE_DEVICES set to
+        them and the allocation and its launch token in the environment, which the node
+        agent reports so enforcement lets it run. Returns the process (not waited for)."""
+        if not argv:
+            raise ValueError("give the command to run, e.g. ['python', 'train.py']")
+        launch = self.launch(allocation, node=node)
+        return subprocess.Popen(argv, env={**os.environ, **(env or {}), **launch["env"]}, **popen)
 
     def ledger(self, *, kind: str | None = None) -> list[dict]:
         return list(self._pages("/ledger", {"kind": kind}))

@@ -141,6 +141,7 @@ def _bot_loop(stop: threading.Event, spawn_work, interval: float) -> None:
         "bob": (6, 0, {"h100-nvlink": 2500, "preemptible": 400}),
     }
     from market.services import bid_place
+    from market.services.launch import allocation_launch, placement_by_node
 
     while not stop.wait(interval):
         close_old_connections()
@@ -178,10 +179,11 @@ def _bot_loop(stop: threading.Event, spawn_work, interval: float) -> None:
                 if allocation.pk in started:
                     continue
                 started.add(allocation.pk)
-                node = next((n for n, tier, _ in NODES if tier == allocation.tier.slug), None)
-                if node is not None:
-                    for gpu in range(min(allocation.gpus, 4)):
-                        spawn_work(node, gpu, allocation=allocation.pk, duty=0.3)
+                # Started as `gpumarket run` would: on the GPUs settlement placed it on, with
+                # the launch token the API hands out (the same service), one job per node.
+                for node in placement_by_node(allocation):
+                    launch = allocation_launch(allocation=allocation, node=node, now=now)
+                    spawn_work(node, None, duty=0.3, extra_env=launch.env)
         except Exception:  # noqa: BLE001 - the demo's bots must not take the server down
             logger.exception("demo bot iteration failed")
 

@@ -255,6 +255,12 @@ class Allocation(models.Model):
     # Milli-credits refunded because a hard cap paused it before any work ran on it (0 when
     # not); charged again, and reset to 0, if it resumes.
     cap_refund = models.BigIntegerField(default=0)
+    # The GPUs it runs on, set when it is settled: [{"node", "index", "uuid"}], sorted. Empty
+    # when the tier's GPUs are not reported by any node (capacity typed in by hand).
+    placement = models.JSONField(default=list, blank=True)
+    # Key of the launch tokens (market/placement/launch.py) that bind work on a node to this
+    # allocation; set with the placement, never shown. "" when not placed.
+    launch_secret = models.CharField(max_length=64, blank=True, editable=False)
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE)

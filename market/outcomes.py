@@ -6,7 +6,7 @@ prices and share caps, and the bids the clearing left out over a hard cap). Pure
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import models
 
@@ -37,6 +37,8 @@ class RoundFacts:
     tenant_gpus: Mapping[tuple[int, str], int]
     # Bids left out of the clearing over a hard cap: {bid id: why}
     left_out: Mapping[int, str]
+    # Gangs left out because no node could hold all their GPUs: {bid id: why}
+    misplaced: Mapping[int, str] = field(default_factory=dict)
 
 
 def bid_reason(
@@ -57,6 +59,11 @@ def bid_reason(
     head = f"Won {got} of {quantity} GPUs: " if got else "Won nothing: "
     if bid_id in facts.left_out:
         return Reason.HARD_CAP, head + f"left out of the round because {facts.left_out[bid_id]}."
+    if bid_id in facts.misplaced:
+        return Reason.GANG, head + (
+            f"left out of the round because {facts.misplaced[bid_id]}; the round was cleared "
+            "again without it, so nothing was charged."
+        )
     reserved = {s: p for s, p in limits.items() if p >= facts.reserves.get(s, 0)}
     if not reserved:
         shown = "; ".join(

@@ -62,3 +62,30 @@ def clear_part_task(instance: dict, index: int) -> dict:
         raise clearing.ClearingError(f"part {index}: failed on purpose ({FAIL_PART_ENV})")
     sub, mechanism, params = instance_from_json(instance)
     return clearing.clear(sub, mechanism=mechanism, params=params).to_json()
+
+
+@shared_task(
+    name="market.slurm_reservations_create",
+    autoretry_for=(Exception,),
+    retry_backoff=5,
+    max_retries=5,
+)
+def slurm_reservations_create_task(allocation_ids: list[int]) -> list[str]:
+    """After settlement: the Slurm reservation of each placed allocation (retried on failure:
+    the service is idempotent)."""
+    from market.services.slurm_reservations import slurm_reservations_create
+
+    return [r.name for r in slurm_reservations_create(allocation_ids=allocation_ids)]
+
+
+@shared_task(
+    name="market.slurm_reservations_end",
+    autoretry_for=(Exception,),
+    retry_backoff=5,
+    max_retries=5,
+)
+def slurm_reservations_end_task(allocation_ids: list[int]) -> list[str]:
+    """After a round is voided: its allocations' Slurm reservations end (idempotent)."""
+    from market.services.slurm_reservations import slurm_reservations_end
+
+    return slurm_reservations_end(allocation_ids=allocation_ids)

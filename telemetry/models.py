@@ -63,6 +63,10 @@ class Gpu(models.Model):
     name = models.CharField(max_length=120)
     tier = models.ForeignKey("market.Tier", on_delete=models.PROTECT, related_name="gpus")
     memory_total_mib = models.PositiveIntegerField()
+    # Topology as the agent reports it: GPUs of a node with the same nvlink_domain are joined
+    # by NVLink; "" = none or not known. Placement keeps a gang inside one domain if it fits.
+    nvlink_domain = models.CharField(max_length=64, blank=True)
+    pcie_switch = models.CharField(max_length=64, blank=True)
     # Reported in the latest batch of a healthy node.
     healthy = models.BooleanField(default=True)
     # Set by an admin: out of the tier's capacity while true.
@@ -176,6 +180,9 @@ class ProcessObservation(models.Model):
     allocation_ref = models.BigIntegerField(null=True, blank=True)
     slurm_job = models.CharField(max_length=64, blank=True)
     pod = models.CharField(max_length=253, blank=True)
+    # GPUMARKET_LAUNCH_TOKEN as the agent reported it: work of a placed allocation runs only
+    # if it verifies (market/placement/launch.py).
+    launch_token = models.CharField(max_length=64, blank=True)
     state = models.CharField(max_length=10, choices=State.choices)
     # When the agent sampled it, and when the server received that sample.
     at = models.DateTimeField()

@@ -8,6 +8,7 @@ from datetime import datetime
 from django.db.models import OuterRef, QuerySet, Subquery
 
 from market.models import Allocation
+from market.placement import FreeGpu
 from telemetry.models import (
     EnforcementAction,
     Gpu,
@@ -156,3 +157,20 @@ def utilisation_by_minute(
         if key[1] in wanted and values.get(key) is None:
             values[key] = sum(utils) / len(utils)
     return values
+
+
+def placeable_gpus(tier_slug: str) -> list[FreeGpu]:
+    """GPUs of a tier placement may use: healthy, not in maintenance, on a healthy node that
+    is not revoked. One query."""
+    rows = (
+        Gpu.objects.filter(
+            tier__slug=tier_slug,
+            healthy=True,
+            maintenance=False,
+            node__healthy=True,
+            node__revoked_at__isnull=True,
+        )
+        .order_by("node__name", "index")
+        .values_list("node__name", "index", "uuid", "nvlink_domain")
+    )
+    return [FreeGpu(node, index, uuid, domain) for node, index, uuid, domain in rows]

@@ -21,6 +21,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from core.auth import staff_required
 from core.charts import figure_html
+from market.services.launch import placement_text, ready_commands
+from market.services.placement import tier_fragmentation
 from telemetry.charts import gpu_heatmap, utilisation_lines
 from telemetry.errors import TelemetryError
 from telemetry.forms import EnforcementFilterForm
@@ -116,6 +118,8 @@ def allocation_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "telemetry/allocation_detail.html",
         {
             "allocation": allocation,
+            "placement": placement_text(allocation),
+            "ready": ready_commands(allocation) if allocation.status == "active" else [],
             "gpus": [_gpu_label(g) for g in gpus],
             "chart": chart,
             "actions": actions_for_tenant(tenant=tenant).filter(allocation=allocation),
@@ -155,10 +159,24 @@ def fleet(request: HttpRequest) -> HttpResponse:
         for row in nodes
         if row["node"].last_refusal_at is not None and row["node"].last_refusal_at >= recent
     ]
+    tiers = sorted({g.tier.slug for g in gpus})
+    fragmentation = []
+    for slug in tiers:
+        free, on_node, in_domain = tier_fragmentation(slug, at=now)
+        fragmentation.append(
+            {
+                "tier": slug,
+                "gpus": sum(1 for g in gpus if g.tier.slug == slug),
+                "free": free,
+                "node": on_node,
+                "domain": in_domain,
+            }
+        )
     return render(
         request,
         "telemetry/fleet.html",
         {
+            "fragmentation": fragmentation,
             "nodes": nodes,
             "gpus": gpus,
             "heatmap": _heatmap(gpus, now=now) if gpus else "",

@@ -9,6 +9,7 @@ from rest_framework import serializers
 from core.api import StrictIntegerField
 from market.models import Allocation, Bid, PolicyVersion, Round, Tier
 from market.services._common import MAX_GPUS, MAX_PRICE
+from market.services.launch import ready_commands
 from tenants.api.money import CreditsField, CreditsInputField, positive_pattern
 from tenants.ledger import MILLI
 
@@ -197,12 +198,26 @@ class BidFilterSerializer(serializers.Serializer):
     round = serializers.IntegerField(min_value=1, required=False)
 
 
+class PlacedGpuSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    index = serializers.IntegerField()
+    uuid = serializers.CharField()
+
+
 class AllocationSerializer(serializers.ModelSerializer):
     tier = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     price = CreditsField(help_text="Credits per GPU-hour: min(tier price, the bid's limit).")
     charge = CreditsField(help_text="Credits charged for the whole window.")
     cap_refund = CreditsField(
         help_text="Credits refunded because a hard spend cap paused the work before it ran."
+    )
+    placement = PlacedGpuSerializer(
+        many=True,
+        read_only=True,
+        help_text="The GPUs placed for it at settlement; empty when no node reports its tier.",
+    )
+    ready_commands = serializers.SerializerMethodField(
+        help_text="One `gpumarket run` per node it is placed on (replace the command)."
     )
 
     class Meta:
@@ -219,7 +234,29 @@ class AllocationSerializer(serializers.ModelSerializer):
             "starts_at",
             "ends_at",
             "status",
+            "placement",
+            "ready_commands",
         ]
+
+    def get_ready_commands(self, allocation: Allocation) -> list[str]:
+        return ready_commands(allocation)
+
+
+class LaunchQuerySerializer(serializers.Serializer):
+    node = serializers.CharField(
+        max_length=120, help_text="The node the work starts on (its name on the fleet page)."
+    )
+
+
+class LaunchSerializer(serializers.Serializer):
+    allocation = serializers.IntegerField()
+    node = serializers.CharField()
+    gpus = serializers.ListField(child=serializers.IntegerField(), help_text="GPU indices.")
+    uuids = serializers.ListField(child=serializers.CharField())
+    env = serializers.DictField(
+        child=serializers.CharField(),
+        help_text="CUDA_VISIBLE_DEVICES, GPUMARKET_ALLOCATION and GPUMARKET_LAUNCH_TOKEN.",
+    )
 
 
 class AllocationFilterSerializer(serializers.Serializer):

@@ -19,6 +19,8 @@ from market.api.serializers import (
     BidEditSerializer,
     BidFilterSerializer,
     BidSerializer,
+    LaunchQuerySerializer,
+    LaunchSerializer,
     RoundFilterSerializer,
     RoundSerializer,
     TierSerializer,
@@ -34,6 +36,7 @@ from market.selectors import (
     tiers_all,
 )
 from market.services import bid_cancel, bid_edit, bid_place
+from market.services.launch import allocation_launch
 from tenants.access import access_object
 from tenants.api.base import Pagination, TenantScopedViewSet
 from tenants.api.errors import Missing, Refused
@@ -239,3 +242,26 @@ class AllocationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
     @extend_schema(parameters=[AllocationFilterSerializer], summary="The tenant's allocations")
     def list(self, request, *args, **kwargs):
         return super().list(request, *args, **kwargs)
+
+    @extend_schema(
+        parameters=[LaunchQuerySerializer],
+        responses={200: LaunchSerializer},
+        summary="What work on a node needs to run on this allocation: its GPUs there, and the "
+        "environment (with the launch token) to start it with",
+    )
+    @action(detail=True, methods=["get"])
+    def launch(self, request, pk=None):
+        allocation = self.get_object()
+        query = query_filters(request, LaunchQuerySerializer)
+        launch = allocation_launch(allocation=allocation, node=query["node"])
+        return Response(
+            LaunchSerializer(
+                {
+                    "allocation": launch.allocation,
+                    "node": launch.node,
+                    "gpus": list(launch.indices),
+                    "uuids": list(launch.uuids),
+                    "env": launch.env,
+                }
+            ).data
+        )

@@ -25,12 +25,16 @@ from market.models import Bid, BidLimit, PolicyVersion, Round, Tier
 from market.services._common import cost_floor, now_or
 from market.services.bids import window_seconds
 from market.services.partitioned import clear_in_parts, partition_parts
+from market.services.placement import placement_misfits
 from market.services.rounds import _close_locked
 from market.services.void import round_fail
 from tenants.budgets import hard_cap_admit
 from tenants.models import Budget, Tenant
 
 logger = logging.getLogger(__name__)
+# Clearings of one round at most: each one after the first leaves out the gangs the previous
+# one won but placement could not fit on one node.
+PLACEMENT_ATTEMPTS = 4
 
 # Fault injection for the crash test (tests/market/test_market_celery.py) and for operators
 # rehearsing recovery: when set to a directory, the clearing path writes
@@ -366,12 +370,30 @@ def round_clear(*, round_id: int, now: datetime | None = None) -> Round:
         return rnd
     _fault_injection_hold(rnd.pk)
     left_out = _over_hard_caps(rnd, now=now)
-    data = round_data(rnd, left_out=frozenset(left_out))
-    try:
-        outcome = solve(data=data, policy=rnd.policy)
-    except clearing.ClearingError as exc:
-        logger.error("round %s: solver failed: %s", rnd.pk, exc)
-        return round_fail(round=rnd, reason=f"the solver could not clear this round: {exc}")
+    misplaced: dict[int, str] = {}
+    for _attempt in range(PLACEMENT_ATTEMPTS):
+        data = round_data(rnd, left_out=frozenset(left_out) | frozenset(misplaced))
+        try:
+            outcome = solve(data=data, policy=rnd.policy)
+        except clearing.ClearingError as exc:
+            logger.error("round %s: solver failed: %s", rnd.pk, exc)
+            return round_fail(round=rnd, reason=f"the solver could not clear this round: {exc}")
+        # A gang that won GPUs no node can hold together is cleared out, never charged for
+        # GPUs it cannot use; the round is solved again without it.
+        misfits = placement_misfits(
+            rnd=rnd,
+            awards=outcome.awards(data),
+            gang={int(b): int(m) > 1 for b, m in zip(data.bid_ids, data.min_quantity, strict=True)},
+            tenant={int(b): int(t) for b, t in zip(data.bid_ids, data.tenant_ids, strict=True)},
+        )
+        if not misfits:
+            break
+        misplaced |= misfits
+    else:
+        return round_fail(
+            round=rnd,
+            reason=f"gangs still could not be placed after {PLACEMENT_ATTEMPTS} clearings",
+        )
     rnd.capacities = dict(zip(data.tier_slugs, (int(c) for c in data.capacity), strict=True))
     rnd.prices = outcome.prices
     rnd.awards = outcome.awards(data)
@@ -379,6 +401,7 @@ def round_clear(*, round_id: int, now: datetime | None = None) -> Round:
         "expected_revenue": outcome.revenue(data),
         "bids": int(data.bid_ids.size),
         "left_out_by_hard_cap": {str(pk): why for pk, why in left_out.items()},
+        "left_out_by_placement": {str(pk): why for pk, why in misplaced.items()},
     }
     rnd.shadow_result = _shadow(rnd=rnd, data=data)
     rnd.status = Round.Status.CLEARED

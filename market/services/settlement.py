@@ -3,9 +3,12 @@ transaction on a round claimed under its row lock (failing a round is in service
 
 from __future__ import annotations
 
+import logging
+import secrets
 from collections import defaultdict
 from datetime import datetime
 
+from django.conf import settings
 from django.db import transaction
 
 import audit.services as audit
@@ -14,10 +17,14 @@ from market.models import Allocation, Bid, BidLimit, Round, Tier
 from market.outcomes import RoundFacts, bid_reason
 from market.services._common import bids_locked, cost_floor, now_or, round_locked
 from market.services.bids import window_seconds
+from market.services.placement import as_json, round_placement
 from tenants.ledger import credits_charge, credits_release
 from tenants.models import Notification
 
 SYSTEM = "system"
+
+
+logger = logging.getLogger(__name__)
 
 
 @transaction.atomic
@@ -119,9 +126,13 @@ def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
         bid.escrow = 0
         bid.updated_at = now
         revenue += charge_total
+    _place(rnd, allocations, bids)
     Allocation.objects.bulk_create(allocations)
     Bid.objects.bulk_update(bids, ["status", "escrow", "updated_at", "outcome", "outcome_reason"])
     _tenant_notices(rnd, bids)
+    placed = [a.pk for a in allocations if a.placement]
+    if placed and settings.GPUMARKET_SLURM_RESERVATIONS:
+        transaction.on_commit(lambda: _slurm_reserve(placed))
     rnd.revenue = revenue
     rnd.status = Round.Status.SETTLED
     rnd.settled_at = now
@@ -144,6 +155,34 @@ def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
     return rnd
 
 
+def _slurm_reserve(allocation_ids: list[int]) -> None:
+    from market.tasks import slurm_reservations_create_task
+
+    slurm_reservations_create_task.delay(allocation_ids)
+
+
+def _place(rnd: Round, allocations: list[Allocation], bids: list[Bid]) -> None:
+    """Bind every new allocation to GPUs, in settlement's transaction. Clearing left out the
+    gangs that could not be placed whole; if the fleet changed since (a GPU went into
+    maintenance), a gang is placed in as few pieces as possible rather than lost."""
+    of = {bid.pk: bid for bid in bids}
+    awards = [(a.bid_id, a.tier.slug, a.gpus) for a in allocations]
+    tenant = {pk: bid.tenant_id for pk, bid in of.items()}
+    gang = {pk: bid.min_quantity > 1 for pk, bid in of.items()}
+    placed = round_placement(rnd=rnd, awards=awards, gang=gang, tenant=tenant)
+    late = [(b, s, g) for b, s, g in awards if placed.get(s) and b in placed[s].unplaced]
+    if late:
+        logger.warning("round %s: gangs %s placed in pieces (the fleet changed)", rnd.pk, late)
+        again = round_placement(rnd=rnd, awards=awards, gang={}, tenant=tenant)
+        placed = {slug: again[slug] for slug in placed}
+    for allocation in allocations:
+        placement = placed.get(allocation.tier.slug)
+        if placement is not None:
+            allocation.placement = as_json(placement.placed.get(allocation.bid_id, ()))
+            if allocation.placement:
+                allocation.launch_secret = secrets.token_hex(32)
+
+
 def _facts(rnd: Round, *, awards: dict[int, list[tuple[str, int]]], bids: list[Bid]) -> RoundFacts:
     tenant_of = {bid.pk: bid.tenant_id for bid in bids}
     tenant_gpus: dict[tuple[int, str], int] = defaultdict(int)
@@ -161,6 +200,10 @@ def _facts(rnd: Round, *, awards: dict[int, list[tuple[str, int]]], bids: list[B
         left_out={
             int(pk): why
             for pk, why in ((rnd.diagnostics or {}).get("left_out_by_hard_cap") or {}).items()
+        },
+        misplaced={
+            int(pk): why
+            for pk, why in ((rnd.diagnostics or {}).get("left_out_by_placement") or {}).items()
         },
     )
 

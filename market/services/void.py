@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
@@ -273,6 +274,9 @@ def round_void(
     )
     revoked = [a.pk for a in allocations if a.status != Allocation.Status.REVOKED]
     Allocation.objects.filter(pk__in=revoked).update(status=Allocation.Status.REVOKED)
+    reserved = [a.pk for a in allocations if a.pk in set(revoked) and a.placement]
+    if reserved and settings.GPUMARKET_SLURM_RESERVATIONS:
+        transaction.on_commit(lambda: _slurm_unreserve(reserved))
     total = sum(refunded.values())
     _round_close_out(
         how=VOID,
@@ -302,3 +306,9 @@ def round_void(
     if revoked:
         transaction.on_commit(_enforcement_request)
     return rnd
+
+
+def _slurm_unreserve(allocation_ids: list[int]) -> None:
+    from market.tasks import slurm_reservations_end_task
+
+    slurm_reservations_end_task.delay(allocation_ids)

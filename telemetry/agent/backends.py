@@ -33,6 +33,7 @@ class BackendOptions:
     node_name: str
     sim_gpus: int
     mapper: AllocationMapper = ENV_ONLY
+    sim_nvlink_islands: int = 2
 
 
 def _nvml(options: BackendOptions) -> Backend:
@@ -40,7 +41,12 @@ def _nvml(options: BackendOptions) -> Backend:
 
 
 def _simulated(options: BackendOptions) -> Backend:
-    return SimulatedBackend(options.node_name, gpus=options.sim_gpus, mapper=options.mapper)
+    return SimulatedBackend(
+        options.node_name,
+        gpus=options.sim_gpus,
+        nvlink_islands=options.sim_nvlink_islands,
+        mapper=options.mapper,
+    )
 
 
 BACKENDS: dict[str, Callable[[BackendOptions], Backend]] = {

@@ -85,6 +85,12 @@ def parser_build() -> argparse.ArgumentParser:
         "--sim-gpus", type=_positive(int), default=4, help="GPUs of a simulated node"
     )
     parser.add_argument(
+        "--sim-nvlink-islands",
+        type=_positive(int),
+        default=2,
+        help="NVLink islands of a simulated node (its GPUs split evenly; default 2)",
+    )
+    parser.add_argument(
         "--backlog", type=_positive(int), default=1000, help="batches kept while the server is down"
     )
     parser.add_argument(
@@ -128,7 +134,12 @@ def main(argv: list[str]) -> int:
             )
         backend = backend_build(
             name=args.backend,
-            options=BackendOptions(node_name=args.node_name, sim_gpus=args.sim_gpus, mapper=mapper),
+            options=BackendOptions(
+                node_name=args.node_name,
+                sim_gpus=args.sim_gpus,
+                sim_nvlink_islands=args.sim_nvlink_islands,
+                mapper=mapper,
+            ),
         )
     except AgentError as exc:
         logger.error("%s", exc)

@@ -20,6 +20,7 @@ from telemetry.agent.errors import BackendUnavailable
 from telemetry.agent.mapping import ENV_ONLY, AllocationMapper
 from telemetry.agent.procmap import PROC, process_describe
 from telemetry.agent.protocol import GpuInfo, GpuSample, ProcessSample, utcnow
+from telemetry.agent.topology import nvml_topology
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +56,15 @@ class NvmlBackend:
         try:
             count = pynvml.nvmlDeviceGetCount()
             self._handles = [pynvml.nvmlDeviceGetHandleByIndex(index) for index in range(count)]
+            topology = nvml_topology(self._handles)
             self._gpus = tuple(
                 GpuInfo(
                     uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
                     index=index,
                     name=_text(pynvml.nvmlDeviceGetName(handle)),
                     memory_total_mib=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total // MIB),
+                    nvlink_domain=topology[index][0],
+                    pcie_switch=topology[index][1],
                 )
                 for index, handle in enumerate(self._handles)
             )
@@ -168,4 +172,5 @@ class NvmlBackend:
             slurm_job=info.slurm_job,
             pod=info.pod,
             state=info.state,
+            launch_token=info.launch_token,
         )

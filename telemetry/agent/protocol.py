@@ -27,6 +27,8 @@ ACTIONS: frozenset[str] = frozenset({"pause", "resume", "terminate"})
 # unclaimed, which is what enforcement needs to see.
 MAX_SLURM_JOB_CHARS = 64
 MAX_POD_CHARS = 253
+# A launch token (GPUMARKET_LAUNCH_TOKEN, set by `gpumarket run`) is a SHA-256 HMAC in hex.
+MAX_LAUNCH_TOKEN_CHARS = 64
 MAX_PROCESSES_PER_GPU = 256
 
 
@@ -58,6 +60,10 @@ class GpuInfo:
     index: int
     name: str
     memory_total_mib: int
+    # Topology labels, unique within the node: GPUs with the same nvlink_domain are joined by
+    # NVLink (directly or through NVSwitches); "" = not known, or no NVLink.
+    nvlink_domain: str = ""
+    pcie_switch: str = ""
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -65,6 +71,8 @@ class GpuInfo:
             "index": self.index,
             "name": self.name,
             "memory_total_mib": self.memory_total_mib,
+            "nvlink_domain": self.nvlink_domain,
+            "pcie_switch": self.pcie_switch,
         }
 
 
@@ -78,6 +86,7 @@ class ProcessSample:
     slurm_job: str | None
     pod: str | None
     state: ProcessState
+    launch_token: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -87,6 +96,7 @@ class ProcessSample:
             "slurm_job": claim_clip(self.slurm_job, limit=MAX_SLURM_JOB_CHARS),
             "pod": claim_clip(self.pod, limit=MAX_POD_CHARS),
             "state": self.state,
+            "launch_token": claim_clip(self.launch_token, limit=MAX_LAUNCH_TOKEN_CHARS),
         }
 
 

@@ -1,7 +1,8 @@
 """A node of simulated GPUs whose work is made of real OS processes.
 
 The GPUs are fake; the processes are not. A process belongs to simulated GPU `i` of node
-`n` when its environment carries GPUMARKET_SIM_NODE=n and GPUMARKET_SIM_GPU=i, and its
+`n` when its environment carries GPUMARKET_SIM_NODE=n and GPUMARKET_SIM_GPU=i (or i is in
+its CUDA_VISIBLE_DEVICES, as `gpumarket run` sets it), and its
 "GPU utilisation" is the CPU it burnt since the previous sample. So when an executor stops
 a process with SIGSTOP, its utilisation really drops to zero, and the demo's charts show
 enforcement happening rather than a scripted curve.
@@ -32,6 +33,7 @@ from telemetry.agent.procmap import (
     uptime_read,
 )
 from telemetry.agent.protocol import GpuInfo, GpuSample, ProcessSample, utcnow
+from telemetry.agent.topology import simulated_topology
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ SIM_NODE_ENV = "GPUMARKET_SIM_NODE"
 SIM_GPU_ENV = "GPUMARKET_SIM_GPU"
 SIM_MEM_ENV = "GPUMARKET_SIM_MEM_MIB"
 SIM_DUTY_ENV = "GPUMARKET_SIM_DUTY"
+CUDA_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 
 DEFAULT_MEM_MIB = 4096
 SIMULATED_GPU_NAME = "Simulated GPU (simulated)"
@@ -80,14 +83,15 @@ def exit_with_parent(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None]
 
 def spawn_simulated_work(
     node: str,
-    gpu: int,
+    gpu: int | None,
     *,
     allocation: int | None = None,
     mem_mib: int = DEFAULT_MEM_MIB,
     duty: float = 0.5,
     extra_env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start a real, lightly busy process that the simulated backend of `node` sees on `gpu`.
+    """Start a real, lightly busy process that the simulated backend of `node` sees on `gpu`
+    (None: on the GPUs of CUDA_VISIBLE_DEVICES in ``extra_env``, as `gpumarket run` sets it).
 
     It runs in its own session (and so its own process group), like a batch job would, so
     the signal executor's group-wide signals reach it and never the caller.
@@ -96,11 +100,13 @@ def spawn_simulated_work(
     env.update(
         {
             SIM_NODE_ENV: node,
-            SIM_GPU_ENV: str(gpu),
             SIM_MEM_ENV: str(mem_mib),
             SIM_DUTY_ENV: str(duty),
         }
     )
+    env.pop(SIM_GPU_ENV, None)
+    if gpu is not None:
+        env[SIM_GPU_ENV] = str(gpu)
     if allocation is not None:
         env[ALLOCATION_ENV] = str(allocation)
     if extra_env:
@@ -124,6 +130,7 @@ class SimulatedBackend:
         node_name: str,
         *,
         gpus: int = 4,
+        nvlink_islands: int = 2,
         memory_total_mib: int = 81920,
         idle_power_w: float = 60.0,
         max_power_w: float = 400.0,
@@ -142,12 +149,15 @@ class SimulatedBackend:
         self._wall = wall
         self._proc = proc
         self._mapper = mapper
+        topology = simulated_topology(gpus, nvlink_islands)
         self._gpus = tuple(
             GpuInfo(
                 uuid=f"GPU-SIM-{node_name}-{index}",
                 index=index,
                 name=SIMULATED_GPU_NAME,
                 memory_total_mib=memory_total_mib,
+                nvlink_domain=topology[index][0],
+                pcie_switch=topology[index][1],
             )
             for index in range(gpus)
         )
@@ -167,8 +177,7 @@ class SimulatedBackend:
         at = self._wall()
         per_gpu: dict[int, list[tuple[ProcessSample, float]]] = {g.index: [] for g in self._gpus}
         cpu_seen: dict[tuple[int, int], tuple[float, float]] = {}
-        for info in self._tagged_processes():
-            index = int(info.environ[SIM_GPU_ENV])
+        for info, indices in self._tagged_processes():
             key = (info.pid, info.start_ticks)
             utilisation = self._utilisation_pct(info, previous=self._cpu_seen.get(key), now=now)
             cpu_seen[key] = (info.cpu_seconds, now)
@@ -179,30 +188,36 @@ class SimulatedBackend:
                 slurm_job=info.slurm_job,
                 pod=info.pod,
                 state=info.state,
+                launch_token=info.launch_token,
             )
-            per_gpu[index].append((process, utilisation))
+            for index in indices:
+                per_gpu[index].append((process, utilisation))
         self._cpu_seen = cpu_seen
         return tuple(
             self._gpu_sample(gpu, per_gpu[gpu.index], at=at, now=now) for gpu in self._gpus
         )
 
-    def _tagged_processes(self) -> list[ProcessInfo]:
+    def _tagged_processes(self) -> list[tuple[ProcessInfo, tuple[int, ...]]]:
+        """This node's processes and the simulated GPUs each is on: GPUMARKET_SIM_GPU, else
+        every GPU in CUDA_VISIBLE_DEVICES (what `gpumarket run` sets), as a real process is
+        listed on each GPU it uses."""
         found = []
         for pid in pids_list(proc=self._proc):
             info = process_describe(pid, proc=self._proc)
             if info is None or info.environ.get(SIM_NODE_ENV) != self._node:
                 continue
-            index = _int_env(info.environ, SIM_GPU_ENV, -1)
-            if not 0 <= index < len(self._gpus):
+            named = info.environ.get(SIM_GPU_ENV, info.environ.get(CUDA_DEVICES_ENV, ""))
+            indices = tuple(sorted({_index(part) for part in named.split(",")}))
+            if not indices or not all(0 <= i < len(self._gpus) for i in indices):
                 logger.warning(
-                    "pid %d names simulated GPU %r, which node %s does not have",
+                    "pid %d names simulated GPU(s) %r, which node %s does not have",
                     pid,
-                    info.environ.get(SIM_GPU_ENV),
+                    named,
                     self._node,
                 )
                 continue
             # Mapped only once known to be on a GPU: the scan above reads every process.
-            found.append(self._mapper.apply(info))
+            found.append((self._mapper.apply(info), indices))
         return found
 
     def _utilisation_pct(
@@ -246,6 +261,13 @@ class SimulatedBackend:
             energy_j=round(self._meters[gpu.uuid].add(power_w=power_w, at_monotonic=now), 3),
             processes=tuple(process for process, _ in processes),
         )
+
+
+def _index(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        return -1
 
 
 def _int_env(environ: Mapping[str, str], key: str, default: int) -> int:

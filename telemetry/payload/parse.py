@@ -179,11 +179,20 @@ def _gpus_parse(errors: _Errors, raw: Any) -> tuple[GpuReport, ...]:
                 f"{field}.memory_total_mib",
                 f"must be a whole number of MiB, 1..{MEMORY_MAX_MIB}, got {_describe(memory)}",
             )
+        # Topology labels are optional (agents before 0.2 do not send them).
+        nvlink = _text(
+            errors, item, "nvlink_domain", f"{field}.nvlink_domain", max_length=64, required=False
+        )
+        pcie = _text(
+            errors, item, "pcie_switch", f"{field}.pcie_switch", max_length=64, required=False
+        )
         if gpu_uuid in seen:
             errors.add(f"{field}.uuid", f"GPU {gpu_uuid} is listed twice")
         if gpu_uuid:
             seen.add(gpu_uuid)
-            gpus.append(GpuReport(gpu_uuid, index, name, memory))  # type: ignore[arg-type]
+            gpus.append(
+                GpuReport(gpu_uuid, index, name, memory, nvlink or "", pcie or "")  # type: ignore[arg-type]
+            )
     return tuple(gpus)
 
 
@@ -243,7 +252,8 @@ def _processes_parse(
             allocation = None
         slurm_job = _claim(refused, item, "slurm_job", where, 64)
         pod = _claim(refused, item, "pod", where, 253)
-        processes.append(ProcessReport(pid, memory, allocation, slurm_job, pod, state))  # type: ignore[arg-type]
+        token = _claim(refused, item, "launch_token", where, 64)
+        processes.append(ProcessReport(pid, memory, allocation, slurm_job, pod, state, token))  # type: ignore[arg-type]
     return tuple(processes)
 
 

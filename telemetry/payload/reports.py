@@ -50,6 +50,8 @@ class GpuReport:
     index: int
     name: str
     memory_total_mib: int
+    nvlink_domain: str = ""
+    pcie_switch: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,7 @@ class ProcessReport:
     slurm_job: str
     pod: str
     state: str
+    launch_token: str = ""
 
 
 @dataclass(frozen=True, slots=True)

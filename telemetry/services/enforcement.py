@@ -9,6 +9,9 @@ Rules, per observed process:
 - its allocation has not started, or is paused by the market: pause;
 - on a GPU of another tier than its allocation's: pause;
 - its tenant has reached a hard spend cap: pause;
+- its allocation is placed (settlement bound it to GPUs) and the process's launch token does
+  not verify for it on this node, or it runs on a GPU not placed for it: pause;
+- it runs on a GPU placed for another allocation: pause;
 - its allocation's processes occupy more GPUs than it won: pause the processes on the extra
   GPUs (the GPUs it runs on are kept first, then the lowest GPU ids);
 - otherwise it may run: a process this loop paused is resumed.
@@ -54,7 +57,7 @@ from telemetry.services.notices import (
     work_paused_notify,
     work_resumed_notify,
 )
-from telemetry.services.verdicts import Verdict, cap_reason, decide, verdicts
+from telemetry.services.verdicts import RUN, Verdict, cap_reason, decide, verdicts
 from tenants.budgets import budget_alerts_raise, tenant_hard_capped
 from tenants.ledger import credits
 from tenants.models import Budget, Tenant
@@ -127,6 +130,10 @@ def _lock() -> bool:
         return bool(cursor.fetchone()[0])
 
 
+# How strict a wanted state is, for a process whose GPUs call for different ones.
+_STRICTNESS = {EnforcementAction.Action.TERMINATE: 2, EnforcementAction.Action.PAUSE: 1, RUN: 0}
+
+
 @transaction.atomic
 def directives_issue(*, now: datetime, capped: dict[int, Budget]) -> EnforceReport:
     """Compare wanted and expected state of every freshly observed process; issue actions."""
@@ -147,13 +154,23 @@ def directives_issue(*, now: datetime, capped: dict[int, Budget]) -> EnforceRepo
     if not observations:
         return report
     latest = _latest_actions(observations)
-    wanted = verdicts(observations=observations, latest=latest, capped=capped, now=now)
+    by_gpu = {(o.gpu_id, o.pid): latest.get((o.node_id, o.pid)) for o in observations}
+    wanted = verdicts(observations=observations, latest=by_gpu, capped=capped, now=now)
     retry_after = timedelta(seconds=settings.GPUMARKET_ENFORCE_RETRY_SECONDS)
+    # A process is signalled as a whole, so one that uses several GPUs gets one directive:
+    # the strictest its GPUs call for (terminate, then pause), named on the first such GPU.
+    processes: dict[tuple[int, int], list[ProcessObservation]] = defaultdict(list)
     for observation in observations:
+        processes[(observation.node_id, observation.pid)].append(observation)
+    for key, seen in processes.items():
+        observation = min(seen, key=lambda o: (-_STRICTNESS[wanted[o.pk].want], o.gpu_id))
         verdict = wanted[observation.pk]
-        last = latest.get((observation.gpu_id, observation.pid))
         action = decide(
-            want=verdict.want, observation=observation, last=last, now=now, retry_after=retry_after
+            want=verdict.want,
+            observation=observation,
+            last=latest.get(key),
+            now=now,
+            retry_after=retry_after,
         )
         if action is not None:
             report.issued.append(
@@ -295,15 +312,17 @@ def _status_move(
 def _latest_actions(
     observations: list[ProcessObservation],
 ) -> dict[tuple[int, int], EnforcementAction]:
+    """The last action about each observed process: {(node id, pid): action}, whichever of its
+    GPUs it named."""
     last_ids = (
         EnforcementAction.objects.filter(
-            gpu_id__in={o.gpu_id for o in observations}, pid__in={o.pid for o in observations}
+            node_id__in={o.node_id for o in observations}, pid__in={o.pid for o in observations}
         )
-        .values("gpu_id", "pid")
+        .values("node_id", "pid")
         .annotate(last=Max("id"))
         .values_list("last", flat=True)
     )
-    return {(a.gpu_id, a.pid): a for a in EnforcementAction.objects.filter(pk__in=list(last_ids))}
+    return {(a.node_id, a.pid): a for a in EnforcementAction.objects.filter(pk__in=list(last_ids))}
 
 
 def _issue(

@@ -162,6 +162,8 @@ def _gpus_update(
             name=g.name,
             tier_id=node.tier_id,
             memory_total_mib=g.memory_total_mib,
+            nvlink_domain=g.nvlink_domain,
+            pcie_switch=g.pcie_switch,
             healthy=True,
             last_seen_at=now,
         )
@@ -187,6 +189,8 @@ def _gpus_update(
                 ("index", g.index),
                 ("name", g.name),
                 ("memory_total_mib", g.memory_total_mib),
+                ("nvlink_domain", g.nvlink_domain),
+                ("pcie_switch", g.pcie_switch),
                 ("healthy", True),
             )
             if getattr(gpu, name) != value
@@ -262,6 +266,7 @@ def _processes_store(
                 allocation_ref=p.allocation,
                 slurm_job=p.slurm_job,
                 pod=p.pod,
+                launch_token=p.launch_token,
                 state=p.state,
                 at=at,
                 seen_at=now,

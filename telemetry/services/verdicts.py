@@ -11,6 +11,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from market.models import Allocation
+from market.placement.launch import launch_token_valid
+from market.services.launch import placement_text
 from telemetry.models import EnforcementAction, ProcessObservation
 from tenants.ledger import credits
 from tenants.models import Budget, Tenant
@@ -109,6 +111,7 @@ def verdicts(
     allocations = {
         a.pk: a for a in Allocation.objects.filter(pk__in=refs).select_related("tenant", "tier")
     }
+    placed_for = _gpus_placed_now(now)
     verdicts: dict[int, Verdict] = {}
     # allocation id -> gpu id -> observations allowed so far (before the GPU-count rule)
     candidates: dict[int, dict[int, list[ProcessObservation]]] = defaultdict(
@@ -116,6 +119,8 @@ def verdicts(
     )
     for o in observations:
         verdict = _verdict_alone(o, allocations.get(o.allocation_ref), capped=capped, now=now)
+        if verdict.want == RUN:
+            verdict = _verdict_placed(o, verdict, placed_for)
         verdicts[o.pk] = verdict
         if verdict.want == RUN:
             candidates[verdict.allocation.pk][o.gpu_id].append(o)  # type: ignore[union-attr]
@@ -142,6 +147,68 @@ def verdicts(
                     allocation.tenant,
                 )
     return verdicts
+
+
+def _gpus_placed_now(now: datetime) -> dict[str, int]:
+    """{GPU uuid: allocation id} of the live allocations placed on GPUs now."""
+    rows = (
+        Allocation.objects.filter(
+            status__in=(Allocation.Status.ACTIVE, Allocation.Status.PAUSED),
+            starts_at__lte=now,
+            ends_at__gt=now,
+        )
+        .exclude(placement=[])
+        .values_list("pk", "placement")
+    )
+    return {gpu["uuid"]: pk for pk, placement in rows for gpu in placement}
+
+
+def _verdict_placed(o: ProcessObservation, verdict: Verdict, placed_for: dict[str, int]) -> Verdict:
+    """Work that may run by its allocation's status runs only where placement put it: a
+    placed allocation's work must carry the launch token for this node and run on its GPUs;
+    no work runs on a GPU placed for another allocation."""
+    allocation = verdict.allocation
+    assert allocation is not None
+    pk, tenant, where = allocation.pk, allocation.tenant, f"{o.node.name}/{o.gpu.index}"
+    if allocation.placement:
+        here = [g["uuid"] for g in allocation.placement if g["node"] == o.node.name]
+        if not launch_token_valid(
+            o.launch_token or None,
+            secret=allocation.launch_secret,
+            allocation_id=pk,
+            node=o.node.name,
+            uuids=here,
+        ):
+            why = (
+                "carries no launch token"
+                if not o.launch_token
+                else f"its launch token is not the one for it on {o.node.name}"
+            )
+            return Verdict(
+                Action.PAUSE,
+                f"the process claims allocation {pk} but {why}; start work with "
+                f"`gpumarket run --allocation {pk}`",
+                allocation,
+                tenant,
+            )
+        if o.gpu.uuid not in here:
+            return Verdict(
+                Action.PAUSE,
+                f"allocation {pk} is placed on {placement_text(allocation)}; this GPU "
+                f"({where}) is not one of them",
+                allocation,
+                tenant,
+            )
+        return verdict
+    other = placed_for.get(o.gpu.uuid)
+    if other is not None and other != pk:
+        return Verdict(
+            Action.PAUSE,
+            f"GPU {where} is placed for allocation {other}, not {pk}",
+            allocation,
+            tenant,
+        )
+    return verdict
 
 
 def _verdict_alone(

@@ -60,7 +60,13 @@ def batch(
     }
 
 
-def process(pid: int, *, allocation: int | None = None, state: str = "running") -> dict[str, Any]:
+def process(
+    pid: int,
+    *,
+    allocation: int | None = None,
+    state: str = "running",
+    launch_token: str | None = None,
+) -> dict[str, Any]:
     return {
         "pid": pid,
         "memory_mib": 2048,
@@ -68,6 +74,7 @@ def process(pid: int, *, allocation: int | None = None, state: str = "running") 
         "slurm_job": None,
         "pod": None,
         "state": state,
+        "launch_token": launch_token,
     }
 
 

@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from market.services import tier_create
 from telemetry.services import node_register
+from tests.conftest import test_database_url as database_url  # aliased: pytest would collect test_*
+from tests.telemetry.live import LiveServer
 
 
 @pytest.fixture
@@ -15,3 +20,25 @@ def tier(db):
 def node_token(tier):
     """A registered node named n1 (GPUs discovered into ``tier``) and its token."""
     return node_register(name="n1", tier=tier, actor="test")
+
+
+@pytest.fixture
+def server(transactional_db, redis_url, tmp_path):
+    """The app under gunicorn on the test database (end-to-end tests)."""
+    live = LiveServer(
+        database_url=database_url(), broker_url=redis_url, log_path=tmp_path / "web.log"
+    )
+    live.start()
+    yield live
+    live.stop()
+
+
+@pytest.fixture
+def children():
+    """Child processes a test starts; killed (their whole group) when it ends."""
+    started = []
+    yield started
+    for child in started:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=10)

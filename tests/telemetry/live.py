@@ -123,6 +123,7 @@ class AgentProcess:
         log_path: Path,
         interval: float = 1.0,
         gpus: int = 2,
+        executor: str = "signal",
     ):
         self.args = [
             sys.executable,
@@ -139,6 +140,8 @@ class AgentProcess:
             str(gpus),
             "--interval",
             str(interval),
+            "--executor",
+            executor,
             "--timeout",
             "5",
         ]

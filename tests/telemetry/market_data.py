@@ -5,8 +5,17 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from django.utils import timezone
+
 from market.models import Allocation, Bid, Round, Tier
-from market.services import policy_active
+from market.services import (
+    bid_place,
+    policy_activate,
+    policy_active,
+    policy_version_create,
+    round_open_next,
+    round_process,
+)
 from tenants.models import Tenant
 from tests import factories
 
@@ -51,3 +60,33 @@ def allocation_make(
         ends_at=ends_at,
         status=status,
     )
+
+
+def settled_gang(*, tier: Tier, tenant: Tenant, user, gpus: int = 2) -> Allocation:
+    """A round for the window holding now, cleared and settled through the real services
+    (placement included), in which ``tenant`` won a gang of ``gpus`` on ``tier``."""
+    from tests.api.world import GRID_EPOCH, round_minutes_around
+
+    now = timezone.now()
+    minutes = round_minutes_around(now)
+    draft = policy_version_create(
+        actor=None,
+        based_on=policy_active(),
+        reserve_prices={tier.slug: 1000},
+        round_minutes=minutes,
+    )
+    policy_activate(version=draft, actor=None)
+    length = timedelta(minutes=minutes)
+    rnd = round_open_next(now=now - (now - GRID_EPOCH) % length - length / 2)
+    assert rnd.starts_at <= now < rnd.ends_at
+    bid = bid_place(
+        user=user,
+        tenant=tenant,
+        round=rnd,
+        quantity=gpus,
+        min_quantity=gpus,
+        limits={tier.slug: 5000},
+        now=rnd.opens_at,
+    )
+    round_process(round_id=rnd.pk, now=rnd.closes_at)
+    return Allocation.objects.get(bid=bid)

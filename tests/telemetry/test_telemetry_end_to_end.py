@@ -4,8 +4,6 @@ get stopped (state T) and continued by the agent's signals on the platform's ord
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from datetime import timedelta
 
@@ -20,8 +18,7 @@ from telemetry.services import node_register
 from tenants.budgets import budget_set
 from tenants.ledger import MILLI, credits_charge, credits_hold
 from tests import factories
-from tests.conftest import test_database_url as database_url  # aliased: pytest would collect test_*
-from tests.telemetry.live import AgentProcess, BeatTicks, LiveServer, process_state, wait_until
+from tests.telemetry.live import AgentProcess, BeatTicks, process_state, wait_until
 from tests.telemetry.market_data import allocation_make
 
 pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]
@@ -33,26 +30,6 @@ ENFORCE_SECONDS = 1.5
 WITHIN = 3 * ENFORCE_SECONDS + 2 * AGENT_SECONDS
 # A server outage of a minute, as an operator would see during a restart or failover.
 OUTAGE_SECONDS = 60
-
-
-@pytest.fixture
-def server(transactional_db, redis_url, tmp_path):
-    live = LiveServer(
-        database_url=database_url(), broker_url=redis_url, log_path=tmp_path / "web.log"
-    )
-    live.start()
-    yield live
-    live.stop()
-
-
-@pytest.fixture
-def children():
-    started = []
-    yield started
-    for child in started:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait(timeout=10)
 
 
 @pytest.fixture

@@ -196,3 +196,47 @@ def test_gpu_maintenance_refuses_researchers_gets_and_bad_input(client, tier, fl
     assert gpu.maintenance is False
     assert tier.capacity == 2
     assert not AuditEvent.objects.filter(action="gpu.maintenance").exists()
+
+
+def test_allocation_page_shows_its_placement_and_ready_command(client, running):
+    _tenant, user, allocation = running
+    client.force_login(user)
+    body = client.get(reverse("allocation_detail", args=[allocation.pk])).content.decode()
+    assert "no GPUs were placed" in body and "GPUMARKET_ALLOCATION=" in body
+    assert "gpumarket run" not in body
+
+    allocation.placement = [{"node": "sim-1", "index": 0, "uuid": "GPU-sim-0"}]
+    allocation.launch_secret = "k" * 64
+    allocation.save()
+    body = client.get(reverse("allocation_detail", args=[allocation.pk])).content.decode()
+    assert "sim-1 GPU 0" in body
+    assert f"gpumarket run --allocation {allocation.pk} --node sim-1 -- python train.py" in body
+    assert "k" * 64 not in body
+
+
+def test_fleet_shows_topology_and_the_largest_gang_still_placeable(client, tier):
+    node, _token = node_register(name="n1", tier=tier, actor="test")
+    node.healthy = True
+    node.save(update_fields=["healthy"])
+    for i in range(4):
+        Gpu.objects.create(
+            node=node,
+            uuid=f"GPU-{i}",
+            index=i,
+            name="A100",
+            tier=tier,
+            memory_total_mib=81920,
+            nvlink_domain=f"nvl{i // 2 * 2}",
+            pcie_switch=f"pcie{i // 2 * 2}",
+        )
+    tenant = factories.tenant(name="Vision Lab")
+    allocation = _allocation(tenant, factories.member(tenant=tenant), tier)
+    allocation.placement = [{"node": "n1", "index": 0, "uuid": "GPU-0"}]
+    allocation.save()
+    client.force_login(factories.admin_user())
+    body = client.get(reverse("fleet")).content.decode()
+    assert "nvl2" in body and "pcie2" in body
+    row = body.split('id="fragmentation"')[1].split("</table>")[0]
+    # Four GPUs, one placed: three free, all on n1, at most two in one NVLink domain.
+    cells = [c.split("</td>")[0] for c in row.split("<td>")[1:6]]
+    assert cells == [tier.slug, "4", "3", "3", "2"]

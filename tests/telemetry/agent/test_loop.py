@@ -77,6 +77,9 @@ def test_a_batch_arrives_in_the_documented_shape(ingest, sim_node, children):
         "index": 1,
         "name": "Simulated GPU (simulated)",
         "memory_total_mib": 81920,
+        # Two NVLink islands by default; on two GPUs each is alone (simulated topology).
+        "nvlink_domain": "nvl1",
+        "pcie_switch": "pcie1",
     }
     assert [s["gpu"] for s in body["samples"]] == [g["uuid"] for g in body["gpus"]]
     sample = body["samples"][1]
@@ -96,6 +99,7 @@ def test_a_batch_arrives_in_the_documented_shape(ingest, sim_node, children):
             "slurm_job": None,
             "pod": None,
             "state": "running",
+            "launch_token": None,
         }
     ]
     assert body["directive_results"] == []

@@ -20,9 +20,7 @@ def directive(action, *, slurm_job=None, pid=None, directive_id=1):
     )
 
 
-@pytest.mark.parametrize(
-    ("action", "verb"), [("pause", "suspend"), ("resume", "resume"), ("terminate", "requeue")]
-)
+@pytest.mark.parametrize(("action", "verb"), [("pause", "suspend"), ("resume", "resume")])
 def test_each_action_runs_its_scontrol_command(scontrol, action, verb):
     result = SlurmExecutor().apply(directive(action, slurm_job="1234"), observed={})
 
@@ -90,3 +88,38 @@ def test_without_scontrol_on_path_the_executor_cannot_start(monkeypatch, tmp_pat
 
     with pytest.raises(ExecutorUnavailable, match="'scontrol' is not on PATH"):
         SlurmExecutor()
+
+
+def test_terminate_sends_sigterm_then_cancels_the_job_once_the_grace_is_over(scontrol):
+    now = [0.0]
+    scontrol.job("1234")
+    executor = SlurmExecutor(clock=lambda: now[0])
+
+    assert executor.apply(directive("terminate", slurm_job="1234"), observed={}) is None
+    assert scontrol()[-1] == ["scancel", "--signal=TERM", "--full", "1234"]
+    now[0] = 29.0
+    assert executor.poll() == []  # still running, grace not over
+    now[0] = 30.0
+    assert executor.poll() == []  # grace over: cancelled, not yet seen gone
+    assert scontrol()[-2:] == [
+        ["show", "job", "1234", "--oneliner"],
+        ["scancel", "1234"],
+    ]
+    (result,) = executor.poll()
+    assert result.outcome == "done" and result.detail == "job 1234 cancelled after 30s grace"
+    assert executor.poll() == []
+
+
+def test_a_job_that_ends_on_sigterm_is_not_cancelled_again(scontrol):
+    scontrol.job("77")
+    executor = SlurmExecutor(clock=lambda: 0.0)
+    assert executor.apply(directive("terminate", slurm_job="77"), observed={}) is None
+    scontrol.job("77", state="COMPLETED")
+    (result,) = executor.poll()
+    assert result.detail == "job 77 ended after SIGTERM"
+    assert ["scancel", "77"] not in scontrol()
+
+
+def test_terminating_a_job_slurm_no_longer_knows_is_gone(scontrol):
+    result = SlurmExecutor().apply(directive("terminate", slurm_job="404"), observed={})
+    assert result.outcome == "gone"
