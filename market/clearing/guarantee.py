@@ -10,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import lp
+from .flow import guarantee_flow, share_units
 from .rules import Market, fill_in_order, whole
 
-CHUNK_ARCS = 1500  # arcs per transport LP
+CHUNK_ARCS = 2000  # arcs per transport problem
 
 
 def guarantees(market: Market, arc_value: np.ndarray, *, fractional: bool = False) -> np.ndarray:
@@ -30,7 +31,9 @@ def guarantee_bundles(
 
     With reserved quotas, the value of the tenant's quota. Otherwise the best bundle within
     the tenant's entitled shares and its non-gang demand: a transport problem per tenant,
-    solved greedily for tenants with one such bid and as one LP for the others.
+    solved greedily for tenants with one such bid and as min-cost flows for the others (an
+    LP where the data are not whole numbers: divisible mode, values finer than a
+    milli-credit).
     """
     a = market.arrays
     N = a.n_tenants
@@ -54,12 +57,19 @@ def guarantee_bundles(
 
     many = eligible[~single]
     if many.size:
-        # The tenants' transport problems are independent: a few thousand arcs per LP keep
-        # each one small, where the simplex method is fast (one LP of 300k arcs is not).
+        # The tenants' transport problems are independent and small: solved in chunks of
+        # whole tenants, a few thousand arcs each, which is faster than one problem of all.
+        units = share_units(a.quantity, share, fractional=fractional and not market.divisible)
         for part in _chunks(many, a.arc_tenant[many]):
-            y[part] = _transport(market, part, arc_value, share)
+            flow = None
+            if units is not None:
+                q, s, unit = units
+                flow = guarantee_flow(
+                    a.arc_bid[part], market.arc_group[part], q, s, arc_value[part]
+                )
+            y[part] = _transport(market, part, arc_value, share) if flow is None else flow * unit
         if not (market.divisible or fractional):
-            y[many] = np.rint(y[many])  # each LP is a network: its vertex is whole
+            y[many] = np.rint(y[many])  # each problem is a network: its vertex is whole
         np.add.at(g, a.arc_tenant[many], arc_value[many] * y[many])
     return g, y
 

@@ -20,13 +20,15 @@ A price is r_t + dual; a winner pays min(price, limit).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from .colgen import solve_welfare
+from .colgen import WelfareSolution, solve_welfare
+from .flow import welfare_flow
 from .guarantee import guarantee_bundles, guarantees
 from .metrics import value_matrix
 from .prices import least_duals, minimal_prices
@@ -34,6 +36,16 @@ from .program import guarantee_rows, market_program, residual
 from .rules import EPS, Market, OpenMarket, Outcome, open_market
 
 EXACT_COLUMNS = 600  # programs with a binding guarantee up to this many arcs are solved exactly
+
+
+def _open_welfare(om: OpenMarket) -> WelfareSolution:
+    """The open-market welfare problem: a min-cost flow when it is a whole-number network,
+    else column generation over HiGHS LPs."""
+    start = time.perf_counter()
+    x = welfare_flow(om)
+    if x is None:
+        return solve_welfare(om)
+    return WelfareSolution(x, time.perf_counter() - start, 0)
 
 
 def _without(om: OpenMarket, fixed: np.ndarray, market: Market) -> OpenMarket:
@@ -89,7 +101,7 @@ def _divisible_bids(
 ) -> tuple[np.ndarray, np.ndarray, float, float, bool]:
     """GPUs per arc, tier prices over the reserve, solver seconds, guarantee loss, fallback."""
     a = market.arrays
-    first = solve_welfare(om)
+    first = _open_welfare(om)
     x, seconds = first.x, first.seconds
     utility = np.bincount(a.arc_tenant, weights=a.arc_price * x, minlength=a.n_tenants)
     met = np.all(utility >= target - 1e-7 * (1.0 + np.abs(target)))
@@ -146,7 +158,7 @@ def _bundles_first(
         if min(rest.tier_room.min(initial=0.0), rest.group_room.min(initial=0.0)) < -EPS:
             return None
         rest = replace(rest, tier_room=np.maximum(rest.tier_room, 0.0))
-        sol = solve_welfare(rest)
+        sol = _open_welfare(rest)
         seconds += sol.seconds
         free = sol.x if market.divisible else np.rint(sol.x)
         x = fixed + free

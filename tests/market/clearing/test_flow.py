@@ -1,0 +1,140 @@
+"""The min-cost-flow solvers against the LPs they replace (column generation, the guarantee's
+transport LPs) and the rules they must keep: ties by bid id, fallbacks when data are not whole."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from market.clearing import Bid, Instance, Tenant, Tier, clear, flow, guarantee
+from market.clearing.colgen import solve_welfare
+from market.clearing.inputs import instance_arrays
+from market.clearing.prices import minimal_prices
+from market.clearing.rules import build_market, open_market
+from tests.market.clearing.test_clearing_properties import instances
+
+
+def _open(inst: Instance):
+    a = instance_arrays(inst)
+    market = build_market(a, divisible=False)
+    return a, market, open_market(market, arc_price=a.arc_price - a.reserve[a.arc_tier])
+
+
+def _feasible(om, x) -> None:
+    assert np.all(x >= -1e-9)
+    assert np.all(
+        np.bincount(om.arc_bid, weights=x, minlength=om.bid_room.size) <= om.bid_room + 1e-9
+    )
+    assert np.all(
+        np.bincount(om.arc_tier, weights=x, minlength=om.tier_room.size) <= om.tier_room + 1e-9
+    )
+    capped = om.arc_capped >= 0
+    held = np.bincount(om.arc_capped[capped], weights=x[capped], minlength=om.group_room.size)
+    assert np.all(held <= om.group_room + 1e-9)
+
+
+@settings(max_examples=150, deadline=None)
+@given(instances(gangs=False))
+def test_welfare_flow_matches_column_generation_in_profit_and_least_prices(inst):
+    _, _, om = _open(inst)
+
+    x = flow.welfare_flow(om)
+    lp = np.rint(solve_welfare(om).x)
+
+    assert x is not None
+    _feasible(om, x)
+    assert np.all(x == np.rint(x))
+    assert om.arc_price @ x == pytest.approx(om.arc_price @ lp, abs=1e-6)
+    # The least equilibrium prices belong to the problem, not to the optimum picked.
+    np.testing.assert_allclose(minimal_prices(om, x), minimal_prices(om, lp), atol=1e-6)
+
+
+def test_equal_limits_go_to_the_earlier_bid_whatever_the_solver_picked():
+    bids = tuple(Bid(f"b{i}", f"n{i}", 2, {"a100": 5}) for i in range(6))
+    inst = Instance(
+        tiers=(Tier("a100", 5, reserve_price=1),),
+        tenants=tuple(Tenant(f"n{i}", weight=0.0) for i in range(6)),
+        bids=bids,
+    )
+    _, _, om = _open(inst)
+
+    x = flow.welfare_flow(om)
+
+    assert x.tolist() == [2, 2, 1, 0, 0, 0]
+    # fill_by_id alone puts any optimum of the class in id order.
+    assert flow.fill_by_id(om, np.array([0, 0, 1, 0, 2, 2.0])).tolist() == [2, 2, 1, 0, 0, 0]
+
+
+def test_a_bid_that_is_full_elsewhere_is_skipped_in_the_id_order():
+    # b0 is held on a100 at a higher limit; on h100 its tie with b1 cannot give it more.
+    inst = Instance(
+        tiers=(Tier("a100", 2), Tier("h100", 2)),
+        tenants=(Tenant("n0", weight=0.0), Tenant("n1", weight=0.0)),
+        bids=(Bid("b0", "n0", 2, {"a100": 9, "h100": 4}), Bid("b1", "n1", 2, {"h100": 4})),
+    )
+    _, _, om = _open(inst)
+
+    x = flow.welfare_flow(om)
+
+    assert x.tolist() == [2, 0, 2]  # arcs: b0/a100, b0/h100, b1/h100
+    assert flow.fill_by_id(om, np.array([2, 0, 2.0])).tolist() == [2, 0, 2]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"limit": 5.0005},  # finer than a milli-credit
+        {"quantity": 1.5},  # divisible data
+    ],
+)
+def test_data_that_are_not_whole_are_left_to_the_lp(change):
+    inst = Instance(
+        tiers=(Tier("a100", 2),),
+        tenants=(Tenant("n0", weight=0.0),),
+        bids=(Bid("b0", "n0", change.get("quantity", 2), {"a100": change.get("limit", 5)}),),
+    )
+    a = instance_arrays(inst)
+    market = build_market(a, divisible=True)
+    om = open_market(market, arc_price=a.arc_price)
+
+    assert flow.welfare_flow(om) is None
+    # and the mechanism still clears it (by column generation)
+    result = clear(inst, divisible=True)
+    assert sum(x.gpus for x in result.allocations) == pytest.approx(change.get("quantity", 2))
+
+
+def test_costs_beyond_the_solvers_range_are_refused_not_overflowed():
+    # Two parallel arcs from node 0 to node 1; the solver scales costs by the node count.
+    def solve(cost):
+        return flow.min_cost_flow_solve(
+            np.array([0, 0]),
+            np.array([1, 1]),
+            np.array([1, 1]),
+            np.array([-cost, -(cost - 1)], dtype=np.int64),
+            np.array([1, -1], dtype=np.int64),
+        )
+
+    assert solve(2**40).tolist() == [1, 0]
+    assert solve(2**60) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(instances(gangs=False), st.booleans())
+def test_guarantee_flows_match_the_transport_lps(inst, fractional):
+    a = instance_arrays(inst)
+    market = build_market(a, divisible=False)
+
+    g_flow, y_flow = guarantee.guarantee_bundles(market, a.arc_price, fractional=fractional)
+    saved = guarantee.guarantee_flow
+    guarantee.guarantee_flow = lambda *args, **kwargs: None
+    try:
+        g_lp, _ = guarantee.guarantee_bundles(market, a.arc_price, fractional=fractional)
+    finally:
+        guarantee.guarantee_flow = saved
+
+    # Fractional shares are counted in millionths of a GPU, rounded down.
+    np.testing.assert_allclose(g_flow, g_lp, atol=1e-5 * (1 + a.arc_price.max(initial=0)))
+    if not fractional:
+        assert np.all(y_flow == np.rint(y_flow))
