@@ -24,6 +24,8 @@ Which of its equally good tiers a bid gets is the solver's (deterministic) choic
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from ortools.graph.python import min_cost_flow
 
@@ -34,6 +36,7 @@ FRACTION = 1e-6  # GPUs per unit of flow for fractional shares
 # Cost scaling multiplies costs by the node count, which must stay inside int64 with room to
 # spare (the solver checks too, and answers BAD_COST_RANGE rather than overflow).
 COST_LIMIT = 2**61
+MERGE_CELLS = 50_000_000  # bids x 2 tiers compared to merge interchangeable bids
 
 
 def whole_numbers(values: np.ndarray, scale: float = 1.0) -> np.ndarray | None:
@@ -74,7 +77,7 @@ def min_cost_flow_solve(
 def welfare_flow(m: OpenMarket) -> np.ndarray | None:
     """GPUs per arc (E,) of a maximum-profit allocation of the open market, or None when it
     is not a whole-number network (see the module's docstring)."""
-    B, T = m.bid_room.size, m.tier_room.size
+    T = m.tier_room.size
     bid_room = whole_numbers(m.bid_room)
     tier_room = whole_numbers(m.tier_room)
     group_room = whole_numbers(m.group_room)
@@ -85,44 +88,133 @@ def welfare_flow(m: OpenMarket) -> np.ndarray | None:
     use = np.flatnonzero((bid_room[m.arc_bid] > 0) & (profit > 0))
     if use.size == 0:
         return x
-    capped = m.arc_capped[use]
+    use = use[np.lexsort((m.arc_tier[use], m.arc_bid[use]))]
+    bids = Classes.of(m, use, profit)
+    rep = np.flatnonzero(bids.rep_arc == np.arange(use.size))  # the class's own arcs
+    C = bids.room.size
+    capped = m.arc_capped[use[rep]]
     groups, group_row = np.unique(capped[capped >= 0], return_inverse=True)
-    # Nodes: bids, capped groups, tiers, the sink and the source; the source sends every
-    # bid's GPUs, and what finds no profitable arc goes straight to the sink.
-    first_group = B
+    # Nodes: classes of bids, capped groups, tiers, the sink and the source; the source sends
+    # every bid's GPUs, and what finds no profitable arc goes straight to the sink.
+    first_group = C
     first_tier = first_group + groups.size
     sink = first_tier + T
     source = sink + 1
     group_node = np.full(m.group_room.size, -1, dtype=np.int64)
     group_node[groups] = first_group + np.arange(groups.size)
     group_tier = np.zeros(groups.size, dtype=np.int64)
-    group_tier[group_row] = m.arc_tier[use][capped >= 0]
+    group_tier[group_row] = m.arc_tier[use[rep]][capped >= 0]
     arc_head = np.where(
-        capped >= 0, group_node[np.maximum(capped, 0)], first_tier + m.arc_tier[use]
+        capped >= 0, group_node[np.maximum(capped, 0)], first_tier + m.arc_tier[use[rep]]
     )
-    supply = bid_room.sum()
+    arc_class = bids.arc_class[rep]
+    supply = bids.room.sum()
     tails = np.concatenate(
         [
-            m.arc_bid[use],
+            arc_class,
             first_group + np.arange(groups.size),
             first_tier + np.arange(T),
-            np.full(B + 1, source),
+            np.full(C + 1, source),
         ]
     )
     heads = np.concatenate(
-        [arc_head, first_tier + group_tier, np.full(T, sink), np.arange(B), [sink]]
+        [arc_head, first_tier + group_tier, np.full(T, sink), np.arange(C), [sink]]
     )
     caps = np.concatenate(
-        [bid_room[m.arc_bid[use]], group_room[groups], tier_room, bid_room, [supply]]
+        [bids.room[arc_class], group_room[groups], tier_room, bids.room, [supply]]
     )
-    costs = np.concatenate([-profit[use], np.zeros(groups.size + T + B + 1, dtype=np.int64)])
+    costs = np.concatenate([-profit[use[rep]], np.zeros(groups.size + T + C + 1, dtype=np.int64)])
     supplies = np.zeros(source + 1, dtype=np.int64)
     supplies[source], supplies[sink] = supply, -supply
     flows = min_cost_flow_solve(tails, heads, caps, costs, supplies)
     if flows is None:
         return None
-    x[use] = flows[: use.size]
+    class_flow = np.zeros(use.size)
+    class_flow[rep] = flows[: rep.size]
+    x[use] = bids.share_out(class_flow)
     return fill_by_id(m, x)
+
+
+def row_mix(columns: int) -> np.ndarray:
+    """The odd multipliers of the row hash, one per column (fixed: results are repeatable)."""
+    return np.random.default_rng(0x5EED).integers(1, 2**62, size=columns, dtype=np.uint64) | 1
+
+
+def equal_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first row of each class, class of each row) for the classes of equal rows, numbered
+    in the order of their first rows: rows are grouped by a 64-bit hash (one sort of
+    integers, where sorting whole rows is slow), then compared with their group's first
+    row, so a hash collision only leaves a row in a class of its own."""
+    mix = row_mix(key.shape[1])
+    with np.errstate(over="ignore"):
+        h = (key.astype(np.uint64) * mix).sum(axis=1, dtype=np.uint64)
+    order = np.argsort(h, kind="stable")
+    new = np.r_[True, h[order][1:] != h[order][:-1]]
+    first = order[new][np.cumsum(new) - 1]
+    same = np.all(key[order] == key[first], axis=1)
+    label = np.empty(h.size, dtype=np.int64)
+    label[order] = np.where(same, first, order)
+    head, row_class = np.unique(label, return_inverse=True)
+    return head, row_class.ravel()
+
+
+@dataclass(frozen=True)
+class Classes:
+    """Bids whose arcs are the same (tier, capped group, profit) are interchangeable: the flow
+    sees one node per class, with the rooms of its bids summed, and the arcs of its first
+    bid. Arrays per arc of ``use`` (sorted by bid, then tier) and per class."""
+
+    arc_class: np.ndarray  # (U,) class of the arc's bid
+    rep_arc: np.ndarray  # (U,) index in use of the same arc of the class's first bid
+    arc_member: np.ndarray  # (U,) start, in the class's stream of GPUs, of the bid's part
+    arc_room: np.ndarray  # (U,) the bid's room
+    room: np.ndarray  # (C,) GPUs of the class's bids together
+
+    @classmethod
+    def of(cls, m: OpenMarket, use: np.ndarray, profit: np.ndarray) -> Classes:
+        T = m.tier_room.size
+        bid, first, count = np.unique(m.arc_bid[use], return_index=True, return_counts=True)
+        row = np.repeat(np.arange(bid.size), count)
+        position = np.arange(use.size) - first[row]
+        if bid.size * 2 * T <= MERGE_CELLS:
+            key = np.full((bid.size, 2 * T), -2, dtype=np.int64)
+            key[row, m.arc_tier[use]] = profit[use]
+            key[row, T + m.arc_tier[use]] = m.arc_capped[use]
+            head, bid_class = equal_rows(key)
+        else:  # too many cells to compare: every bid is its own class
+            head, bid_class = np.arange(bid.size), np.arange(bid.size)
+        room = m.bid_room[bid]
+        # Within a class, bids take the class's GPUs in id order (rows are in id order).
+        order = np.argsort(bid_class, kind="stable")
+        before = np.cumsum(room[order]) - room[order]
+        class_start = np.searchsorted(bid_class[order], np.arange(head.size))
+        member = np.empty(bid.size)
+        member[order] = before - before[class_start][bid_class[order]]
+        return cls(
+            arc_class=bid_class[row],
+            rep_arc=first[head][bid_class[row]] + position,
+            arc_member=member[row],
+            arc_room=room[row],
+            room=np.bincount(bid_class, weights=room, minlength=head.size).astype(np.int64),
+        )
+
+    def share_out(self, class_flow: np.ndarray) -> np.ndarray:
+        """GPUs per arc of ``use`` from the flow on the classes' own arcs: the class's GPUs
+        are one stream, its arcs' flows laid end to end; each bid, in id order, takes the
+        next part of the stream up to its room, on whichever arcs that part lies."""
+        rep = np.flatnonzero(self.rep_arc == np.arange(self.rep_arc.size))
+        cls_of_rep = self.arc_class[rep]
+        total = np.bincount(cls_of_rep, weights=class_flow[rep], minlength=self.room.size)
+        # Start of each own arc's flow in the stream (own arcs are in order within a class).
+        starts = np.cumsum(class_flow[rep]) - class_flow[rep]
+        first_of_class = np.searchsorted(cls_of_rep, np.arange(self.room.size))
+        arc_start = np.zeros(self.rep_arc.size)
+        arc_start[rep] = starts - starts[np.minimum(first_of_class, rep.size - 1)][cls_of_rep]
+        lo_arc = arc_start[self.rep_arc]
+        hi_arc = lo_arc + class_flow[self.rep_arc]
+        take = np.clip(total[self.arc_class] - self.arc_member, 0.0, self.arc_room)
+        lo_bid, hi_bid = self.arc_member, self.arc_member + take
+        return np.clip(np.minimum(hi_arc, hi_bid) - np.maximum(lo_arc, lo_bid), 0.0, None)
 
 
 def fill_by_id(m: OpenMarket, x: np.ndarray) -> np.ndarray:

@@ -51,6 +51,79 @@ def test_welfare_flow_matches_column_generation_in_profit_and_least_prices(inst)
     np.testing.assert_allclose(minimal_prices(om, x), minimal_prices(om, lp), atol=1e-6)
 
 
+@st.composite
+def alike_bids(draw) -> Instance:
+    """Many bids drawn from a few limit sets, so that bids of identical arcs are common."""
+    tiers = tuple(
+        Tier(f"t{i}", draw(st.integers(0, 15)), reserve_price=1, max_share=m)
+        for i, m in enumerate(draw(st.lists(st.sampled_from([1.0, 0.5]), min_size=1, max_size=3)))
+    )
+    names = [t.name for t in tiers]
+    pool = draw(
+        st.lists(
+            st.dictionaries(st.sampled_from(names), st.integers(0, 6), min_size=1),
+            min_size=1,
+            max_size=3,
+        )
+    )
+    n_tenants = draw(st.integers(1, 3))
+    bids = tuple(
+        Bid(f"b{i:02d}", f"n{draw(st.integers(0, n_tenants - 1))}", q, draw(st.sampled_from(pool)))
+        for i, q in enumerate(draw(st.lists(st.integers(1, 4), min_size=1, max_size=12)))
+    )
+    return Instance(
+        tiers=tiers,
+        tenants=tuple(Tenant(f"n{i}", weight=0.0) for i in range(n_tenants)),
+        bids=bids,
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(alike_bids())
+def test_bids_of_identical_arcs_are_solved_as_one_and_shared_out_exactly(inst):
+    _, _, om = _open(inst)
+
+    x = flow.welfare_flow(om)
+    lp = np.rint(solve_welfare(om).x)
+
+    _feasible(om, x)
+    assert om.arc_price @ x == pytest.approx(om.arc_price @ lp, abs=1e-6)
+    np.testing.assert_allclose(minimal_prices(om, x), minimal_prices(om, lp), atol=1e-6)
+    # Among bids with the same limits everywhere (and the same share caps: one tenant's, or
+    # none), a later bid gets GPUs only once every earlier one is full.
+    got = np.bincount(om.arc_bid, weights=x, minlength=om.bid_room.size)
+    uncapped = all(t.max_share == 1.0 for t in inst.tiers)
+    for i, bid in enumerate(inst.bids):
+        for j in range(i):
+            alike = inst.bids[j].limits == bid.limits
+            if alike and (uncapped or inst.bids[j].tenant == bid.tenant) and got[i] > 0:
+                assert got[j] == om.bid_room[j]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(-2, 3), min_size=3, max_size=3), min_size=1, max_size=30))
+def test_equal_rows_are_the_classes_of_identical_rows_numbered_by_first_row(rows):
+    key = np.array(rows, dtype=np.int64)
+
+    head, row_class = flow.equal_rows(key)
+
+    for i in range(len(rows)):
+        for j in range(len(rows)):
+            assert (row_class[i] == row_class[j]) == (rows[i] == rows[j])
+    assert head.tolist() == sorted(head.tolist())
+    assert np.all(head[row_class] <= np.arange(len(rows)))
+
+
+def test_rows_whose_hashes_collide_stay_apart():
+    m = flow.row_mix(2).astype(np.int64)
+    key = np.array([[0, 0], [m[1], -m[0]], [0, 0]], dtype=np.int64)  # both hash to 0
+
+    head, row_class = flow.equal_rows(key)
+
+    assert row_class.tolist() == [0, 1, 0]
+    assert head.tolist() == [0, 1]
+
+
 def test_equal_limits_go_to_the_earlier_bid_whatever_the_solver_picked():
     bids = tuple(Bid(f"b{i}", f"n{i}", 2, {"a100": 5}) for i in range(6))
     inst = Instance(
