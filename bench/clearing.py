@@ -313,6 +313,7 @@ def main() -> None:
         help="with --parts: also clear exactly (for the loss) up to this many bids",
     )
     args = parser.parse_args()
+    highs.banner_silence()
     sizes = [tuple(int(v) for v in s.split(",")) for s in args.sizes] if args.sizes else SIZES
     cpu = next(
         (

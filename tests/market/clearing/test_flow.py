@@ -155,6 +155,24 @@ def test_a_bid_that_is_full_elsewhere_is_skipped_in_the_id_order():
     assert flow.fill_by_id(om, np.array([2, 0, 2.0])).tolist() == [2, 0, 2]
 
 
+def test_limits_in_milli_credits_as_the_platform_sends_them_go_to_the_flow():
+    # The platform's limits and reserves are whole milli-credits, read as credits.
+    inst = Instance(
+        tiers=(Tier("a100", 3, reserve_price=1.25), Tier("h100", 2, reserve_price=2.001)),
+        tenants=(Tenant("n0", weight=0.0), Tenant("n1", weight=0.0)),
+        bids=(
+            Bid("b0", "n0", 2, {"a100": 3.141, "h100": 4.999}),
+            Bid("b1", "n1", 3, {"a100": 2.718, "h100": 5.002}),
+        ),
+    )
+    _, _, om = _open(inst)
+
+    x = flow.welfare_flow(om)
+
+    assert x is not None
+    assert om.arc_price @ x == pytest.approx(om.arc_price @ np.rint(solve_welfare(om).x))
+
+
 @pytest.mark.parametrize(
     "change",
     [
