@@ -268,12 +268,15 @@ else:
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = VAR_DIR / "broker"
-    for _folder in ("out", "processed", "control"):
+    for _folder in ("out", "processed", "control", "staging"):
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+    # kombu's file-system transport, but a message is visible only once written in full.
+    CELERY_BROKER_TRANSPORT = "core.broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "control_folder": str(_broker_dir / "control"),
         "data_folder_in": str(_broker_dir / "out"),
         "data_folder_out": str(_broker_dir / "out"),
+        "staging_folder": str(_broker_dir / "staging"),
         "processed_folder": str(_broker_dir / "processed"),
         "store_processed": False,
     }
