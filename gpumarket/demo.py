@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 logger = logging.getLogger("gpumarket.demo")
@@ -43,23 +43,74 @@ NODES = (
 )
 
 
+RESTARTS = 5  # a child that keeps stopping is left stopped after this many restarts
+
+
 @dataclass
 class Children:
-    procs: list[subprocess.Popen]
+    """The demo's worker and agents: each started with its log under ``log_dir``, and
+    started again (saying so on the console) if it stops while the demo runs."""
+
+    log_dir: Path
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    commands: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+
+    def start(self, name: str, cmd: list[str], extra_env: dict[str, str] | None = None) -> None:
+        from telemetry.agent.simulated_backend import exit_with_parent
+
+        self.commands[name] = (cmd, dict(extra_env or {}))
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
+        self.procs[name] = subprocess.Popen(
+            cmd,
+            preexec_fn=exit_with_parent(signal.SIGTERM),
+            env={**self.env, **(extra_env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()  # the child holds its own copy
+
+    def revive(self) -> list[str]:
+        """Start again every child that has stopped; returns a console line for each."""
+        lines = []
+        for name, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            done = self.restarts.get(name, 0)
+            log = self.log_dir / f"{name}.log"
+            if done >= RESTARTS:
+                if done == RESTARTS:
+                    lines.append(f"{name} stopped again (exit {code}); left stopped, see {log}")
+                    self.restarts[name] = done + 1
+                continue
+            self.restarts[name] = done + 1
+            lines.append(f"{name} stopped (exit {code}); started again, see {log}")
+            self.start(name, *self.commands[name])
+        return lines
 
     def stop(self) -> None:
-        for proc in self.procs:
+        self.restarts = {name: RESTARTS + 1 for name in self.procs}  # no more restarts
+        for proc in self.procs.values():
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + 10
-        for proc in self.procs:
+        for proc in self.procs.values():
             try:
                 proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _supervise(stop: threading.Event, children: Children, interval: float = 2.0) -> None:
+    while not stop.wait(interval):
+        for line in children.revive():
+            print(line, flush=True)
 
 
 def _seed(var: Path) -> dict[str, str]:
@@ -261,7 +312,7 @@ def main(argv: list[str]) -> int:
     call_command("migrate", interactive=False, verbosity=0)
     tokens = _seed(var)
 
-    from telemetry.agent.simulated_backend import exit_with_parent, spawn_simulated_work
+    from telemetry.agent.simulated_backend import spawn_simulated_work
 
     def _terminate(signum, frame):  # noqa: ARG001 - signal handler signature
         # `kill` or a supervisor's SIGTERM stops the demo like Ctrl-C: children cleaned up.
@@ -271,22 +322,10 @@ def main(argv: list[str]) -> int:
 
     server = f"http://127.0.0.1:{args.port}"
     env = dict(os.environ)
-    children = Children(procs=[])
     log_dir = var / "logs"
     log_dir.mkdir(exist_ok=True)
-
-    def start(name: str, cmd: list[str], extra_env: dict[str, str] | None = None) -> None:
-        log = open(log_dir / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the child
-        children.procs.append(
-            subprocess.Popen(
-                cmd,
-                preexec_fn=exit_with_parent(signal.SIGTERM),
-                env={**env, **(extra_env or {})},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
+    children = Children(log_dir=log_dir, env=env)
+    start = children.start
 
     start(
         "worker",
@@ -338,6 +377,7 @@ def main(argv: list[str]) -> int:
         ).start()
 
     threading.Thread(target=_round_lines, args=(stop,), daemon=True).start()
+    threading.Thread(target=_supervise, args=(stop, children), daemon=True).start()
     print(
         "\ngpumarket demo (SIMULATED nodes; no GPU is used)\n"
         f"  site:    {server}\n"
