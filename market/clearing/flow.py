@@ -9,7 +9,7 @@ Two of the market's problems are network LPs with whole capacities in whole-GPU 
 
 Every bid's GPUs enter the network, and what finds no profitable arc leaves at no profit (a
 bypass arc). A min-cost flow solver takes these networks as they are, with no LP around them:
-about fifteen times faster than column generation on HiGHS at 10k bids (docs/clearing.md).
+more than ten times faster than column generation on HiGHS at 10k bids (docs/clearing.md).
 It needs whole capacities and whole costs, so profits are counted in milli-credits (the
 ledger's unit: every limit and reserve the platform sends is a whole number of them) and
 divided by their greatest common divisor (fewer scaling phases). When an instance has
@@ -36,7 +36,7 @@ FRACTION = 1e-6  # GPUs per unit of flow for fractional shares
 # Cost scaling multiplies costs by the node count, which must stay inside int64 with room to
 # spare (the solver checks too, and answers BAD_COST_RANGE rather than overflow).
 COST_LIMIT = 2**61
-MERGE_CELLS = 50_000_000  # bids x 2 tiers compared to merge interchangeable bids
+MERGE_CELLS = 50_000_000  # most bids x 2 x tiers key cells compared to merge alike bids
 
 
 def whole_numbers(values: np.ndarray, scale: float = 1.0) -> np.ndarray | None:
