@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from telemetry.models import Gpu
-from telemetry.services import node_register
-from telemetry.services.nodes import tier_capacity_refresh
 from tenants.ledger import MILLI
 from tests import factories
 from tests.browser.conftest import login, shot
-from tests.telemetry.market_data import settled_gang
+from tests.telemetry.market_data import fleet_node, settled_gang
 
 pytestmark = pytest.mark.browser
 
@@ -24,21 +21,7 @@ def test_the_allocation_names_its_gpus_and_the_fleet_its_room_for_gangs(page, li
 
     tier = tier_create(actor=None, slug="h100", name="H100 NVLink", capacity=0)
     for name in ("n1", "n2"):
-        node, _ = node_register(name=name, tier=tier, actor="test")
-        node.healthy = True
-        node.save(update_fields=["healthy"])
-        for i in range(4):
-            Gpu.objects.create(
-                node=node,
-                uuid=f"GPU-{name}-{i}",
-                index=i,
-                name="H100",
-                tier=tier,
-                memory_total_mib=81920,
-                nvlink_domain=f"nvl{i // 2 * 2}",
-                pcie_switch=f"pcie{i // 2 * 2}",
-            )
-    tier_capacity_refresh(tiers=[tier])
+        fleet_node(name=name, tier=tier)
     tenant = factories.tenant(name="Vision Lab", credits=1_000 * MILLI)
     user = factories.member(tenant=tenant, username="ada", password=PASSWORD)
     allocation = settled_gang(tier=tier, tenant=tenant, user=user, gpus=2)

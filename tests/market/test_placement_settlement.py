@@ -14,11 +14,10 @@ from market.models import Allocation, Bid
 from market.services import bid_place, round_clear, round_open_next, round_settle
 from market.services.placement import tier_fragmentation
 from telemetry.models import Gpu, Node
-from telemetry.services import node_register
 from telemetry.services.nodes import tier_capacity_refresh
 from tenants.ledger import balance_get
 from tests.market.marketkit import market_make
-from tests.telemetry.market_data import allocation_make
+from tests.telemetry.market_data import allocation_make, fleet_node
 
 pytestmark = pytest.mark.django_db
 
@@ -26,22 +25,7 @@ pytestmark = pytest.mark.django_db
 def _fleet(tier, *, nodes=2, gpus=4, islands=2) -> None:
     """``nodes`` nodes of ``gpus`` GPUs each, every node split into ``islands`` NVLink domains."""
     for n in range(nodes):
-        node_register(name=f"n{n}", tier=tier, actor="test")
-        node = Node.objects.get(name=f"n{n}")
-        node.healthy = True  # as after its first batch
-        node.save(update_fields=["healthy"])
-        per = gpus // islands
-        for i in range(gpus):
-            Gpu.objects.create(
-                node=node,
-                uuid=f"GPU-n{n}-{i}",
-                index=i,
-                name="Test GPU",
-                tier=tier,
-                memory_total_mib=81920,
-                nvlink_domain=f"nv{i // per}",
-            )
-    tier_capacity_refresh(tiers=[tier])
+        fleet_node(name=f"n{n}", tier=tier, gpus=gpus, islands=islands)
 
 
 @pytest.fixture

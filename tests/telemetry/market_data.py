@@ -16,6 +16,8 @@ from market.services import (
     round_open_next,
     round_process,
 )
+from telemetry.models import Gpu, Node
+from telemetry.services import node_register, tier_capacity_refresh
 from tenants.models import Tenant
 from tests import factories
 
@@ -90,3 +92,26 @@ def settled_gang(*, tier: Tier, tenant: Tenant, user, gpus: int = 2) -> Allocati
     )
     round_process(round_id=rnd.pk, now=rnd.closes_at)
     return Allocation.objects.get(bid=bid)
+
+
+def fleet_node(*, name: str, tier: Tier, gpus: int = 4, islands: int = 2) -> Node:
+    """A registered node, healthy as after its first batch, with ``gpus`` GPUs on ``tier``
+    (uuids GPU-<name>-<index>) split into ``islands`` NVLink domains, each behind its own PCIe
+    switch, named by their first GPU (nvl0, nvl2...); the tier's capacity follows."""
+    node, _token = node_register(name=name, tier=tier, actor="test")
+    node.healthy = True
+    node.save(update_fields=["healthy"])
+    per = gpus // islands
+    for i in range(gpus):
+        Gpu.objects.create(
+            node=node,
+            uuid=f"GPU-{name}-{i}",
+            index=i,
+            name="Test GPU",
+            tier=tier,
+            memory_total_mib=81920,
+            nvlink_domain=f"nvl{i // per * per}",
+            pcie_switch=f"pcie{i // per * per}",
+        )
+    tier_capacity_refresh(tiers=[tier])
+    return node

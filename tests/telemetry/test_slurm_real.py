@@ -25,15 +25,14 @@ from market.services.slurm_reservations import (
     slurm_reservations_end,
 )
 from market.services.void import round_void
-from telemetry.models import EnforcementAction, Gpu
+from telemetry.models import EnforcementAction
 from telemetry.services import node_register
-from telemetry.services.nodes import tier_capacity_refresh
 from tenants.ledger import MILLI
 from tests import factories
 from tests.conftest import CeleryWorker
 from tests.conftest import test_database_url as database_url  # aliased: pytest would collect test_*
 from tests.telemetry.live import AgentProcess, BeatTicks, LiveServer, process_state, wait_until
-from tests.telemetry.market_data import allocation_make, settled_gang
+from tests.telemetry.market_data import allocation_make, fleet_node, settled_gang
 
 AGENT_SECONDS = 1.0
 ENFORCE_SECONDS = 1.5
@@ -106,14 +105,7 @@ def _association(account: str) -> None:
 def test_settlement_reserves_the_node_for_the_team_and_only_its_jobs_get_in(
     slurm_node, slurm_cleanup, tier
 ):
-    node, _ = node_register(name=slurm_node, tier=tier, actor="test")
-    node.healthy = True
-    node.save(update_fields=["healthy"])
-    for i in range(4):
-        Gpu.objects.create(
-            node=node, uuid=f"GPU-{i}", index=i, name="A100", tier=tier, memory_total_mib=81920
-        )
-    tier_capacity_refresh(tiers=[tier])
+    fleet_node(name=slurm_node, tier=tier)
     team = factories.tenant(name="Vision Lab", credits=1_000 * MILLI)
     rival = factories.tenant(name="Speech Lab", credits=1_000 * MILLI)
     allocation = settled_gang(tier=tier, tenant=team, user=factories.member(tenant=team))

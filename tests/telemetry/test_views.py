@@ -13,6 +13,7 @@ from market.models import Allocation, Bid, PolicyVersion, Round
 from telemetry.models import Gpu, ProcessObservation, Sample
 from telemetry.services import node_register, tier_capacity_refresh
 from tests import factories
+from tests.telemetry.market_data import fleet_node
 
 pytestmark = pytest.mark.django_db
 
@@ -215,23 +216,10 @@ def test_allocation_page_shows_its_placement_and_ready_command(client, running):
 
 
 def test_fleet_shows_topology_and_the_largest_gang_still_placeable(client, tier):
-    node, _token = node_register(name="n1", tier=tier, actor="test")
-    node.healthy = True
-    node.save(update_fields=["healthy"])
-    for i in range(4):
-        Gpu.objects.create(
-            node=node,
-            uuid=f"GPU-{i}",
-            index=i,
-            name="A100",
-            tier=tier,
-            memory_total_mib=81920,
-            nvlink_domain=f"nvl{i // 2 * 2}",
-            pcie_switch=f"pcie{i // 2 * 2}",
-        )
+    fleet_node(name="n1", tier=tier)
     tenant = factories.tenant(name="Vision Lab")
     allocation = _allocation(tenant, factories.member(tenant=tenant), tier)
-    allocation.placement = [{"node": "n1", "index": 0, "uuid": "GPU-0"}]
+    allocation.placement = [{"node": "n1", "index": 0, "uuid": "GPU-n1-0"}]
     allocation.save()
     client.force_login(factories.admin_user())
     body = client.get(reverse("fleet")).content.decode()
