@@ -5,13 +5,14 @@ s.t. the market's constraints (program.py)
      sum_{e of i} p_e x_e >= g_i                  the guarantee, in the tenant's own limits
 
 Without gang bids and with the guarantees slack at the unconstrained optimum (the usual case),
-this is a network LP with integral vertices, solved by column generation (colgen.py), and the
+this is a network LP with integral vertices, solved as a min-cost flow (flow.py; by column
+generation, colgen.py, where the data are not whole milli-credits and GPUs), and the
 prices are the least competitive-equilibrium prices on its residual network (prices.py).
 When a guarantee binds: up to EXACT_COLUMNS arcs the full program is solved (its LP
 relaxation, then mixed-integer for whole GPUs) and the prices are the least capacity duals
 of the relaxation on the optimal face (prices.least_duals); above that, the tenants whose
-guarantee binds get their guarantee bundles and the rest of the market is cleared by column
-generation around them, priced by its own least equilibrium prices.
+guarantee binds get their guarantee bundles and the rest of the market is cleared around them
+the same way, priced by its own least equilibrium prices.
 Gang bids make the first solve mixed-integer; once they are fixed the divisible bids are
 solved again as above, so that their prices exist. A time limit with no incumbent drops the
 gang bids (status "fallback"), which keeps every hard constraint.
