@@ -1,2 +1,5 @@
-class MarketError(Exception):
+from core.errors import DomainError
+
+
+class MarketError(DomainError):
     """A market operation was refused or could not complete. The message says what to fix."""

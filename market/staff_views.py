@@ -1,7 +1,7 @@
 """Staff pages of the market: tiers (create, change capacity and offer) and rounds.
 
 Staff only (``core.auth.staff_required``); each view parses, calls one service or reads,
-and renders. A MarketError from a service becomes a form error on the tier that caused it.
+and renders. A refusal from a service (any DomainError) becomes a form error on the tier that caused it.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from core.auth import staff_required
 from core.charts import figure_html
+from core.errors import DomainError
 from market.charts import round_utilisation
 from market.diagnostics import diagnostics_rows
-from market.errors import MarketError
 from market.forms import TierCreateForm, TierForm
 from market.models import Tier
 from market.selectors import (
@@ -70,7 +70,7 @@ def staff_tiers(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         try:
             tier = tier_create(actor=request.user, **form.cleaned_data)
-        except MarketError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(request, f"Tier {tier.slug} created.")
@@ -86,7 +86,7 @@ def staff_tier_update(request: HttpRequest, pk: int) -> HttpResponse:
     if form.is_valid():
         try:
             tier_update(tier=tier, actor=request.user, **form.cleaned_data)
-        except MarketError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(request, f"Tier {tier.slug} saved.")

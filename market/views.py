@@ -2,8 +2,8 @@
 rounds are in market/staff_views.py, which shares the reads below).
 
 Views parse, authorise, call one service and render. Every tenant-owned row is fetched
-through ``tenants.access`` (another tenant's bid is a 404); a MarketError from a service
-becomes a form error next to what the person typed.
+through ``tenants.access`` (another tenant's bid is a 404); a refusal from a service (any
+``DomainError``, the ledger's included) becomes a form error next to what the person typed.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from core.charts import figure_html
 from core.confirm import confirm_page, confirmed
+from core.errors import DomainError
 from market.bid_guidance import bid_warnings
 from market.charts import (
     demand_forecast,
@@ -32,7 +33,6 @@ from market.charts import (
     spend_over_time,
     supply_demand,
 )
-from market.errors import MarketError
 from market.forecast import MIN_ROUNDS, NONE, rounds_per_day
 from market.forecast import demand_forecast as forecast_demand
 from market.forecast_selectors import tier_demand_history
@@ -281,7 +281,7 @@ def bid_new(request: HttpRequest) -> HttpResponse:
                 campaign=form.cleaned_data.get("campaign"),
                 idempotency_key=terms.cleaned_data["idempotency_key"],
             )
-        except MarketError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(
@@ -364,7 +364,7 @@ def bid_change(request: HttpRequest, pk: int) -> HttpResponse:
                     min_quantity=form.cleaned_data["min_quantity"],
                     limits=form.limits(),
                 )
-            except MarketError as exc:
+            except DomainError as exc:
                 form.add_error(None, str(exc))
             else:
                 messages.success(request, f"Bid {bid.pk} changed.")
@@ -414,7 +414,7 @@ def bid_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
         )
     try:
         bid = bid_cancel(user=request.user, tenant=tenant, bid_id=pk)
-    except MarketError as exc:
+    except DomainError as exc:
         messages.error(request, str(exc))
         return redirect("bid_detail", pk=pk)
     messages.success(request, f"Bid {bid.pk} cancelled; its escrow is available again.")

@@ -13,9 +13,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from core.auth import staff_required
 from core.charts import figure_html
+from core.errors import DomainError
 from market.models import Tier
 from planning import charts
-from planning.errors import PlanningError
 from planning.forms import PlannedCampaignForm, ScenarioForm
 from planning.models import PlannedCampaign, Scenario
 from planning.services.campaigns import planned_campaign_declare, planned_campaign_withdraw
@@ -59,7 +59,7 @@ def planned_campaigns(request: HttpRequest) -> HttpResponse:
                 tiers=[t.slug for t in data["tiers"]],
                 priority=data["priority"],
             )
-        except PlanningError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(
@@ -79,7 +79,7 @@ def planned_campaign_withdraw_view(request: HttpRequest, pk: int) -> HttpRespons
         raise PermissionDenied("Only the team's managers withdraw planned campaigns.")
     try:
         campaign = planned_campaign_withdraw(tenant=tenant, actor=request.user, campaign_id=pk)
-    except PlanningError as exc:
+    except DomainError as exc:
         raise Http404(str(exc)) from exc
     messages.success(request, f"Planned campaign {campaign.name} withdrawn.")
     return redirect("planned_campaigns")
@@ -116,7 +116,7 @@ def scenarios(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             scenario = scenario_create(actor=request.user, document=form.cleaned_data["document"])
-        except PlanningError as exc:
+        except DomainError as exc:
             form.add_error("document", str(exc))
         else:
             messages.success(request, f"Scenario {scenario.name} queued; this page follows it.")

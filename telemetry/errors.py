@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+from core.errors import DomainError
 
-class TelemetryError(Exception):
+
+class TelemetryError(DomainError):
     """A telemetry request was refused. The message says what to fix.
 
     ``errors`` maps a field of the request (``samples[3].power_w``) to what is wrong with it;

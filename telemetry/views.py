@@ -21,10 +21,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from core.auth import staff_required
 from core.charts import figure_html
+from core.errors import DomainError
 from market.services.launch import placement_text, ready_commands
 from market.services.placement import tier_fragmentation
 from telemetry.charts import gpu_heatmap, utilisation_lines
-from telemetry.errors import TelemetryError
 from telemetry.forms import EnforcementFilterForm
 from telemetry.metrics import metrics_render
 from telemetry.models import Gpu
@@ -203,7 +203,7 @@ def gpu_maintenance(request: HttpRequest, pk: int) -> HttpResponse:
         )
     try:
         gpu_maintenance_set(gpu=gpu, maintenance=MAINTENANCE_CHOICES[wanted], actor=request.user)
-    except TelemetryError as exc:
+    except DomainError as exc:
         messages.error(request, str(exc))
     else:
         gpu.tier.refresh_from_db()

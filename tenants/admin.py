@@ -7,7 +7,7 @@ from django.contrib.auth.admin import UserAdmin
 from django.shortcuts import redirect, render
 from django.urls import path, reverse
 
-from tenants.errors import TenantError
+from core.errors import DomainError
 from tenants.forms import GrantForm
 from tenants.ledger import credits, credits_grant
 from tenants.models import (
@@ -102,7 +102,7 @@ class TenantAdmin(admin.ModelAdmin):
                     reason=form.cleaned_data["reason"],
                     actor=request.user,
                 )
-            except TenantError as exc:
+            except DomainError as exc:
                 form.add_error(None, str(exc))
             else:
                 messages.success(

@@ -1,2 +1,5 @@
-class TenantError(Exception):
+from core.errors import DomainError
+
+
+class TenantError(DomainError):
     """A tenant, ledger or budget operation was refused. The message says what to fix."""

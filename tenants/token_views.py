@@ -16,7 +16,7 @@ from django.urls import path
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_http_methods, require_POST
 
-from tenants.errors import TenantError
+from core.errors import DomainError
 from tenants.services import MAX_ACTIVE_TOKENS, token_create, token_revoke, tokens_of
 
 
@@ -56,7 +56,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
         return _page(request, form=form, status=400)
     try:
         issued = token_create(user=request.user, name=form.cleaned_data["name"])
-    except TenantError as exc:
+    except DomainError as exc:
         form.add_error("name", str(exc))
         return _page(request, form=form, status=400)
     return _page(request, form=TokenCreateForm(), secret=issued.secret)
@@ -67,7 +67,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
 def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
     try:
         token = token_revoke(user=request.user, token_id=token_id)
-    except TenantError as exc:
+    except DomainError as exc:
         raise Http404(str(exc)) from exc
     messages.success(
         request, f"Token “{token.name}” (gm_{token.prefix}…) is revoked; it no longer works."

@@ -1,7 +1,7 @@
 """Tenant pages: the dashboard, team management (managers), credits and budgets (staff).
 
-Views parse, authorise, call one service and render; a TenantError from a service becomes a
-form error so the person sees what to fix next to what they typed.
+Views parse, authorise, call one service and render; a refusal from a service (any
+``DomainError``) becomes a form error so the person sees what to fix next to what they typed.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from core.auth import staff_required
 from core.confirm import confirm_page
+from core.errors import DomainError
 from tenants.access import membership_of, require_tenant, scoped
 from tenants.budgets import budget_set, budget_usage, campaign_create, tenant_hard_capped
-from tenants.errors import TenantError
 from tenants.forms import (
     BudgetForm,
     CampaignForm,
@@ -99,7 +99,10 @@ def _capped_teams() -> list[tuple[Tenant, Budget]]:
 @login_required
 def notifications_mark_read(request: HttpRequest) -> HttpResponse:
     tenant = require_tenant(request.user)
-    notifications_read(tenant=tenant)
+    try:
+        notifications_read(tenant=tenant)
+    except DomainError as exc:
+        messages.error(request, str(exc))
     return redirect("dashboard")
 
 
@@ -147,7 +150,7 @@ def team_members(request: HttpRequest) -> HttpResponse:
                 password=form.cleaned_data["password1"],
                 actor=request.user,
             )
-        except TenantError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(
@@ -193,7 +196,7 @@ def team_member_role(request: HttpRequest) -> HttpResponse:
         )
     try:
         member_role_set(tenant=tenant, username=username, role=role, actor=request.user)
-    except TenantError as exc:
+    except DomainError as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"{username} is now a {role}.")
@@ -221,7 +224,7 @@ def team_member_remove(request: HttpRequest) -> HttpResponse:
         )
     try:
         member_remove(tenant=tenant, username=username, actor=request.user)
-    except TenantError as exc:
+    except DomainError as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"{username} was removed from {tenant.name}.")
@@ -257,7 +260,7 @@ def team_campaigns(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         try:
             campaign = campaign_create(tenant=tenant, actor=request.user, **form.cleaned_data)
-        except TenantError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(request, f"Campaign {campaign.name} created.")
@@ -285,7 +288,7 @@ def team_budget_set(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         try:
             budget = _budget_set_from(form, tenant=tenant, actor=request.user)
-        except TenantError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(
@@ -319,7 +322,7 @@ def staff_tenants(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         try:
             tenant = tenant_create(actor=request.user, **form.cleaned_data)
-        except TenantError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(request, f"Tenant {tenant.name} created.")
@@ -357,7 +360,7 @@ def staff_credits(request: HttpRequest) -> HttpResponse:
                 reason=data["reason"],
                 actor=request.user,
             )
-        except TenantError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(
@@ -389,7 +392,7 @@ def staff_budgets(request: HttpRequest) -> HttpResponse:
     if form.is_valid():
         try:
             budget = _budget_set_from(form, tenant=form.cleaned_data["tenant"], actor=request.user)
-        except TenantError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(

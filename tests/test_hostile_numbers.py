@@ -223,3 +223,206 @@ def test_hostile_numbers_in_query_forms_are_never_a_5xx(client, world):
         if (r := client.get(url, {field: value})).status_code >= 500
     ]
     assert not failures, failures
+
+
+# Domain errors -------------------------------------------------------------------------------
+# Every web view that calls a service is driven with a request that reaches the call while the
+# service raises each app's domain error; the page must answer with the message (a form error
+# or a flash message), never a 5xx. The views are found from the URLconf and the services from
+# each view's source, so a new view that calls a service is walked or this test fails.
+
+# Services a view may call that only compute or read, and refuse nothing a person did.
+READS = {
+    "bid_escrow",  # quantity x highest limit x hours, after the form bounded them
+    "window_seconds",
+    "tier_fragmentation",
+    "placement_text",
+    "ready_commands",
+    "tokens_of",
+}
+# Views that answer a refusal with the site's 404 (the row is missing or another team's).
+AS_404 = {"planned_campaign_withdraw", "api_token_revoke"}
+# A service a view reaches only from another URL of the same view.
+ELSEWHERE = {("policy_edit", "policy_active")}  # reached without a version number: policy_new
+
+
+def _url_patterns(patterns=None):
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    for p in get_resolver().url_patterns if patterns is None else patterns:
+        if isinstance(p, URLResolver):
+            yield from _url_patterns(p.url_patterns)
+        elif isinstance(p, URLPattern):
+            yield p
+
+
+def _is_service(obj) -> bool:
+    import inspect
+
+    func = inspect.unwrap(obj) if callable(obj) else None
+    if not inspect.isfunction(func) or func.__module__.split(".")[0] not in APPS:
+        return False
+    if ".services" in func.__module__:
+        return True
+    source = inspect.getsource(func)
+    return "transaction.atomic" in source.split("def ", 1)[0] or bool(
+        re.search(r"raise (Market|Tenant|Telemetry|Planning)Error", source)
+    )
+
+
+APPS = {"audit", "tenants", "market", "telemetry", "planning"}
+
+
+def views_calling_services() -> dict[str, tuple[object, set[str]]]:
+    """{url name: (the view's module, the services its code reaches)}, following the helper
+    functions of the view's own module."""
+    import ast
+    import inspect
+    import sys
+
+    found = {}
+    for pattern in _url_patterns():
+        view = inspect.unwrap(pattern.callback)
+        module = sys.modules[view.__module__]
+        if module.__name__.split(".")[0] not in APPS or ".api" in module.__name__:
+            continue
+        defs: dict[str, ast.AST] = {}
+
+        def visit(node, prefix, defs=defs):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.FunctionDef):
+                    defs[prefix + child.name] = child
+                elif isinstance(child, ast.ClassDef):
+                    visit(child, prefix + child.name + ".")
+
+        visit(ast.parse(inspect.getsource(module)), "")
+        names: set[str] = set()
+        todo, seen = [view.__qualname__], set()
+        while todo:
+            qualname = todo.pop()
+            if qualname in seen or qualname not in defs:
+                continue
+            seen.add(qualname)
+            for node in ast.walk(defs[qualname]):
+                if isinstance(node, ast.Name):
+                    names.add(node.id)
+                    todo.append(node.id)
+        services = {n for n in names if _is_service(vars(module).get(n))} - READS
+        if services:
+            found[pattern.name] = (module, services)
+    return found
+
+
+def _recipes(world) -> dict[str, tuple[str, str, dict]]:
+    """{url name: (who, url, POST data that passes the form and reaches the service)}."""
+    import json
+
+    from planning.models import PlannedCampaign
+    from planning.views import example_document
+    from telemetry.models import Gpu
+    from tests.telemetry.market_data import fleet_node
+
+    tier, bid, manager = world["tier"], world["bid"], world["manager"]
+    fleet_node(name="walk", tier=tier, gpus=2, islands=1)
+    gpu = Gpu.objects.filter(node__name="walk").first()
+    soon = timezone.now() + timedelta(days=2)
+    dates = {"starts_at": f"{soon:%Y-%m-%d %H:%M}", "ends_at": f"{soon + timedelta(days=1):%Y-%m-%d %H:%M}"}  # fmt: skip
+    bid_terms = {"quantity": "1", "min_quantity": "1", "limit_a100": "2"}
+    policy = reverse("policy_edit", args=[world["policy"].number])
+    return {
+        "bid_new": ("manager", reverse("bid_new"), {
+            **bid_terms, "round": str(bid.round_id), "idempotency_key": "walk"}),
+        "bid_edit": ("manager", reverse("bid_edit", args=[bid.pk]), bid_terms),
+        "bid_cancel": ("manager", reverse("bid_cancel", args=[bid.pk]), {"confirm": "1"}),
+        "staff_tiers": ("admin", reverse("staff_tiers"), {
+            "new-slug": "h200", "new-name": "H200", "new-capacity": "4",
+            "new-maintenance_gpus": "0", "new-active": "on"}),
+        "staff_tier_update": ("admin", reverse("staff_tier_update", args=[tier.pk]), {
+            f"t{tier.pk}-name": "A100", f"t{tier.pk}-capacity": "8",
+            f"t{tier.pk}-maintenance_gpus": "0", f"t{tier.pk}-active": "on"}),
+        "gpu_maintenance": ("admin", reverse("gpu_maintenance", args=[gpu.pk]), {
+            "maintenance": "on"}),
+        "policy_new": ("admin", reverse("policy_new"), _form(_as(world, "admin"), policy).fields),
+        "policy_edit": ("admin", policy, _form(_as(world, "admin"), policy).fields),
+        "policy_activate": ("admin", reverse("policy_activate", args=[world["policy"].number]), {
+            "confirm": "1"}),
+        "policy_shadow": ("admin", reverse("policy_shadow", args=[world["policy"].number]), {}),
+        "policy_shadow_clear": ("admin", reverse("policy_shadow_clear"), {}),
+        "policy_round_void": ("admin", reverse("policy_round_void", args=[bid.round_id]), {
+            "reason": "walk", "confirm": "on"}),
+        "planned_campaigns": ("manager", reverse("planned_campaigns"), {
+            **dates, "name": "walk", "gpu_hours": "10", "tiers": str(tier.pk), "priority": "2"}),
+        "planned_campaign_withdraw": ("manager", reverse(
+            "planned_campaign_withdraw", args=[PlannedCampaign.objects.count() + 1]), {}),
+        "scenarios": ("admin", reverse("scenarios"), {
+            "document": json.dumps(example_document())}),
+        "notifications_read": ("manager", reverse("notifications_read"), {}),
+        "team_members": ("manager", reverse("team_members"), {
+            "username": "walker", "role": "researcher", "password1": "correct-horse-battery-9",
+            "password2": "correct-horse-battery-9"}),
+        "team_member_role": ("manager", reverse("team_member_role"), {
+            "username": manager.username, "role": "researcher", "confirm": "True"}),
+        "team_member_remove": ("manager", reverse("team_member_remove"), {
+            "username": manager.username, "confirm": "True"}),
+        "team_campaigns": ("manager", reverse("team_campaigns"), {**dates, "name": "walk"}),
+        "team_budget_set": ("manager", reverse("team_budget_set"), {
+            "window": "day", "mode": "soft", "cap": "10"}),
+        "staff_tenants": ("admin", reverse("staff_tenants"), {"name": "Walk", "weight": "1"}),
+        "staff_credits": ("admin", reverse("staff_credits"), {
+            "tenant": str(world["tenant"].pk), "amount": "10", "reason": "walk"}),
+        "staff_budgets": ("admin", reverse("staff_budgets"), {
+            "tenant": str(world["tenant"].pk), "window": "day", "mode": "soft", "cap": "10"}),
+        "api_tokens": ("manager", reverse("api_tokens"), {"name": "walk"}),
+        "api_token_revoke": ("manager", reverse("api_token_revoke", args=[1]), {}),
+        "tenants_tenant_grant": ("admin", f"/admin/tenants/tenant/{world['tenant'].pk}/grant/", {
+            "amount": "10", "reason": "walk"}),
+    }  # fmt: skip
+
+
+def _as(world, who):
+    from django.test import Client
+
+    client = Client(raise_request_exception=False)  # a 500 is an answer to check, not a crash
+    client.force_login(world[who])
+    return client
+
+
+def test_a_domain_error_from_any_service_a_view_calls_is_shown_never_a_5xx(world, monkeypatch):
+    from core.errors import DomainError
+
+    recipes = _recipes(world)
+    views = views_calling_services()
+    assert "bid_new" in views and "staff_credits" in views  # the discovery finds them
+    missing = set(views) - set(recipes)
+    assert not missing, f"add a request that reaches the service of these views: {missing}"
+    errors = sorted(DomainError.__subclasses__(), key=lambda e: e.__name__)
+    assert len(errors) >= 4
+    failures = []
+    for name, (module, services) in sorted(views.items()):
+        who, url, data = recipes[name]
+        client = _as(world, who)
+        for service in sorted(services):
+            if (name, service) in ELSEWHERE:
+                continue
+            for error in errors:
+                message = f"refused by the walk ({error.__name__} from {service})"
+                calls = []
+
+                def refuse(*args, message=message, error=error, calls=calls, **kwargs):
+                    calls.append(1)
+                    raise error(message)
+
+                with monkeypatch.context() as patch:
+                    patch.setattr(module, service, refuse)
+                    response = client.post(url, data, follow=True)
+                shown = message in response.content.decode()
+                if response.status_code >= 500:
+                    failures.append((name, service, error.__name__, response.status_code))
+                elif not calls:
+                    failures.append((name, service, "the request did not reach the service"))
+                elif name in AS_404:
+                    if response.status_code != 404:
+                        failures.append((name, service, error.__name__, response.status_code))
+                elif not shown:
+                    failures.append((name, service, error.__name__, "message not shown"))
+    assert not failures, "\n".join(map(str, failures))

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from core.auth import staff_required
 from core.confirm import confirm_page, confirmed
-from market.errors import MarketError
+from core.errors import DomainError
 from market.models import PolicyVersion, Round, Tier
 from market.policy import charts as policy_charts
 from market.policy.forms import PolicyVersionForm, ReplayForm, VoidForm
@@ -80,7 +80,11 @@ def policy_edit(request: HttpRequest, number: int | None = None) -> HttpResponse
     if number is not None:
         base = _version(number)
     elif request.method == "POST":
-        base = policy_active()  # saving on a fresh platform makes the default v1 first
+        try:
+            base = policy_active()  # saving on a fresh platform makes the default v1 first
+        except DomainError as exc:  # versions exist, none active: activating one comes first
+            messages.error(request, str(exc))
+            return redirect("policy_list")
     else:
         base = policy_active_get()  # a GET never writes; without a version, the defaults
     tiers = _tiers()
@@ -92,7 +96,7 @@ def policy_edit(request: HttpRequest, number: int | None = None) -> HttpResponse
     if request.method == "POST" and form.is_valid():
         try:
             version = policy_version_create(actor=request.user, based_on=base, **form.changes())
-        except MarketError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(
@@ -114,7 +118,7 @@ def _version_action(
     version = _version(number)
     try:
         service(version=version, actor=request.user)
-    except MarketError as exc:
+    except DomainError as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"v{version.number} {done}")
@@ -152,7 +156,7 @@ def policy_shadow_view(request: HttpRequest, number: int) -> HttpResponse:
 def policy_shadow_clear(request: HttpRequest) -> HttpResponse:
     try:
         policy_shadow_set(version=None, actor=request.user)
-    except MarketError as exc:
+    except DomainError as exc:
         messages.error(request, str(exc))
     else:
         messages.success(
@@ -221,7 +225,7 @@ def round_void_view(request: HttpRequest, pk: int) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             round_void(round=rnd, actor=request.user, reason=form.cleaned_data["reason"])
-        except MarketError as exc:
+        except DomainError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(
