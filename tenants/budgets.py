@@ -260,7 +260,27 @@ def budget_set(
             "campaign": campaign.pk if campaign else None,
         },
     )
+    _alerts_clear_stale(budget=budget, at=timezone.now())
     return budget
+
+
+def _alert_key(*, budget: Budget, window_start: datetime, threshold: int) -> str:
+    # The cap is part of the key: crossing a threshold of a changed cap is a new alert.
+    return f"budget:{budget.pk}:{window_start.date().isoformat()}:{budget.cap}:{threshold}"
+
+
+def _alerts_clear_stale(*, budget: Budget, at: datetime) -> int:
+    """Mark read the budget's unread alerts that no longer hold after its cap changed: a raised
+    hard cap clears "work is paused" at once, not only when some allocation resumes."""
+    usage = budget_usage(budget=budget, at=at)
+    stale = [
+        n.pk
+        for n in Notification.objects.filter(
+            kind="budget", dedupe_key__startswith=f"budget:{budget.pk}:", read_at__isnull=True
+        )
+        if int(n.dedupe_key.rsplit(":", 1)[1]) > usage.spent_pct
+    ]
+    return Notification.objects.filter(pk__in=stale).update(read_at=at)
 
 
 @transaction.atomic
@@ -310,7 +330,7 @@ def budget_alerts_raise(*, tenant: Tenant, at: datetime | None = None) -> list[N
         for threshold in ALERT_THRESHOLDS:
             if usage.spent_pct < threshold:
                 break
-            key = f"budget:{budget.pk}:{usage.window_start.date().isoformat()}:{threshold}"
+            key = _alert_key(budget=budget, window_start=usage.window_start, threshold=threshold)
             with transaction.atomic():
                 notification, made = Notification.objects.get_or_create(
                     dedupe_key=key,

@@ -132,3 +132,39 @@ def test_alerts_fire_once_per_threshold_and_window():
     _spend(t, 2_000)
     created = budget_alerts_raise(tenant=t)
     assert len(created) == 1 and created[0].level == "critical"
+
+
+def test_raising_a_hard_cap_clears_its_stale_work_is_paused_alert_and_a_new_crossing_alerts_again():
+    from tenants.models import Notification
+
+    t = factories.tenant(credits=100_000)
+    budget_set(tenant=t, window="day", mode="hard", cap=10_000, actor=None)
+    _spend(t, 10_000)
+    budget_alerts_raise(tenant=t)
+    unread = Notification.objects.filter(tenant=t, kind="budget", read_at__isnull=True)
+    assert any("work is paused" in n.message for n in unread)
+    # The cap is raised: spent 10 of 40 is 25 %, no alert holds any more, not even before any
+    # allocation resumes (there may be none to resume).
+    budget_set(tenant=t, window="day", mode="hard", cap=40_000, actor=None)
+    assert not Notification.objects.filter(tenant=t, kind="budget", read_at__isnull=True).exists()
+    # Crossing the new cap's 50 % is a new alert, not swallowed by the old one's key.
+    _spend(t, 11_000)
+    created = budget_alerts_raise(tenant=t)
+    assert [n.message for n in created] == [
+        "Day budget passed 50% (52% now): spent 21.000 of 40.000"
+    ]
+
+
+def test_raising_a_cap_keeps_the_alerts_that_still_hold():
+    from tenants.models import Notification
+
+    t = factories.tenant(credits=100_000)
+    budget_set(tenant=t, window="day", mode="soft", cap=10_000, actor=None)
+    _spend(t, 10_000)
+    budget_alerts_raise(tenant=t)
+    budget_set(tenant=t, window="day", mode="soft", cap=12_000, actor=None)  # 83 % now
+    unread = Notification.objects.filter(tenant=t, kind="budget", read_at__isnull=True)
+    assert sorted(n.message.split(" (")[0] for n in unread) == [
+        "Day budget passed 50%",
+        "Day budget passed 80%",
+    ]
