@@ -7,6 +7,7 @@ for display only. ``core.charts.figure_html`` turns a figure into a page fragmen
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import date, datetime
 
 import plotly.graph_objects as go
@@ -83,7 +84,8 @@ def supply_demand(
     Supply: the reserve price up to the capacity offered.
     """
     xs, ys = demand_steps(bids)
-    top = max([*ys, _credits(reserve), _credits(price or 0), 1.0]) * 1.15
+    # Fitted to the prices shown, however small; 1 credit only when every price is zero.
+    top = (max([*ys, _credits(reserve), _credits(price or 0)]) or 1.0) * 1.15
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
@@ -137,46 +139,71 @@ def round_utilisation(*, capacities: Mapping[str, int], allocated: Mapping[str, 
     return fig
 
 
+@dataclass(frozen=True)
+class SpendPeriod:
+    """A budget period drawn on the spend chart: its spend to date, from ``start``, against
+    its cap (milli-credits; None draws the spend alone)."""
+
+    label: str  # "This month"
+    cap_label: str  # "Monthly cap"
+    start: date
+    cap: int | None
+
+
+# A cap more than this many times the largest spend drawn would flatten the spend to a line
+# at zero: it is named in the legend, not drawn, until the reader clicks it.
+FAR_ABOVE = 10
+
+
+def _cap_line(*, name: str, x: list[date], cap: int, top: float, dash: str) -> go.Scatter:
+    far = _credits(cap) > FAR_ABOVE * top
+    return go.Scatter(
+        x=x,
+        y=[_credits(cap)] * len(x),
+        mode="lines",
+        name=f"{name} {_credits(cap):g}" + (" (far above the spend: click to show)" if far else ""),
+        line={"dash": dash},
+        visible="legendonly" if far else None,
+    )
+
+
 def spend_over_time(
     *,
     days: Sequence[date],
     daily: Sequence[int],
-    caps: Mapping[str, int],
+    periods: Sequence[SpendPeriod],
     daily_cap: int | None = None,
 ) -> go.Figure:
-    """Net spend (charges less refunds) per day and cumulative, against the tenant's caps.
-
-    ``caps`` are the week, month and campaign caps, drawn against the cumulative line;
-    ``daily_cap`` against the daily bars. All amounts in milli-credits.
-    """
-    cumulative: list[float] = []
-    running = 0
-    for amount in daily:
-        running += amount
-        cumulative.append(_credits(running))
+    """Net spend (charges less refunds) per day, and each period's spend to date against that
+    period's cap: a week cap against the week's spend, a month cap against the month's.
+    ``daily_cap`` is drawn against the daily bars. All amounts in milli-credits."""
     fig = go.Figure()
     fig.add_trace(go.Bar(x=list(days), y=[_credits(a) for a in daily], name="Spent that day"))
-    fig.add_trace(go.Scatter(x=list(days), y=cumulative, mode="lines+markers", name="Cumulative"))
-    for label, cap in sorted(caps.items()):
-        fig.add_trace(
-            go.Scatter(
-                x=[days[0], days[-1]] if days else [],
-                y=[_credits(cap)] * 2,
-                mode="lines",
-                name=f"{label} cap {_credits(cap):g}",
-                line={"dash": "dash"},
+    lines = []
+    for period in periods:
+        x = [d for d in days if d >= period.start]
+        running, to_date = 0, []
+        for d, amount in zip(days, daily, strict=True):
+            if d >= period.start:
+                running += amount
+                to_date.append(_credits(running))
+        fig.add_trace(go.Scatter(x=x, y=to_date, mode="lines+markers", name=period.label))
+        lines.append((period, x))
+    top = max([_credits(a) for a in daily] + [t for tr in fig.data[1:] for t in tr.y], default=0)
+    for period, x in lines:
+        if period.cap is not None and x:
+            fig.add_trace(
+                _cap_line(
+                    name=period.cap_label, x=[x[0], x[-1]], cap=period.cap, top=top, dash="dash"
+                )
             )
-        )
-    if daily_cap is not None:
+    if daily_cap is not None and days:
         fig.add_trace(
-            go.Scatter(
-                x=[days[0], days[-1]] if days else [],
-                y=[_credits(daily_cap)] * 2,
-                mode="lines",
-                name=f"Daily cap {_credits(daily_cap):g}",
-                line={"dash": "dot"},
+            _cap_line(
+                name="Daily cap", x=[days[0], days[-1]], cap=daily_cap,
+                top=max((_credits(a) for a in daily), default=0), dash="dot",
             )
-        )
+        )  # fmt: skip
     fig.update_layout(
         title="Spend over time", xaxis_title="Day (UTC)", yaxis_title="Credits", **_LAYOUT
     )

@@ -28,6 +28,7 @@ from core.confirm import confirm_page, confirmed
 from core.errors import DomainError
 from market.bid_guidance import bid_warnings
 from market.charts import (
+    SpendPeriod,
     demand_forecast,
     price_history,
     spend_over_time,
@@ -424,18 +425,26 @@ def bid_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 @login_required
 def spend(request: HttpRequest) -> HttpResponse:
-    """Month-to-date spend per day, cumulative, against the monthly and daily caps."""
+    """Spend per day, this month's and this week's spend to date against the month and week
+    caps, and the day's against the daily cap (campaign caps are in the budgets table)."""
     tenant = require_tenant(request.user)
     now = timezone.now()
     today = now.astimezone(UTC).date()
-    start = today.replace(day=1)
+    month_start = today.replace(day=1)
+    week_start = today - timedelta(days=today.weekday())  # budget weeks start on Monday (UTC)
+    start = min(month_start, week_start)
     days = [start + timedelta(days=i) for i in range((today - start).days + 1)]
     per_day = tenant_spend_by_day(tenant=tenant, since=start)
     budgets = budgets_active(tenant=tenant)
-    caps = {b.get_window_display(): b.cap for b in budgets if b.window == Budget.Window.MONTH}
-    daily_cap = next((b.cap for b in budgets if b.window == Budget.Window.DAY), None)
+    caps = {b.window: b.cap for b in budgets if b.campaign_id is None}
+    periods = [SpendPeriod("This month", "Monthly cap", month_start, caps.get(Budget.Window.MONTH))]
+    if Budget.Window.WEEK in caps:
+        periods.append(SpendPeriod("This week", "Weekly cap", week_start, caps[Budget.Window.WEEK]))
     fig = spend_over_time(
-        days=days, daily=[per_day.get(d, 0) for d in days], caps=caps, daily_cap=daily_cap
+        days=days,
+        daily=[per_day.get(d, 0) for d in days],
+        periods=periods,
+        daily_cap=caps.get(Budget.Window.DAY),
     )
     return render(
         request,
@@ -444,6 +453,6 @@ def spend(request: HttpRequest) -> HttpResponse:
             "chart": figure_html(fig, element_id="spend-chart"),
             "usages": [budget_usage(budget=b, at=now) for b in budgets],
             "charges": tenant_charges(tenant=tenant),
-            "month_total": sum(per_day.values()),
+            "month_total": sum(v for d, v in per_day.items() if d >= month_start),
         },
     )

@@ -261,3 +261,17 @@ def test_a_multi_tier_bid_counts_its_gpus_once_in_the_demand(market, team):
     assert sum(q for rows in demand.values() for _, q in rows) == 6  # not 4 + 4 + 2
     assert sorted(demand["a100"]) == [(2500, 2.0), (3000, 2.0)]
     assert demand["h100"] == [(5000, 2.0)]
+
+
+def test_the_spend_chart_draws_a_week_cap_against_the_weeks_spend(client, market, team):
+    from tenants.budgets import budget_set
+    from tenants.ledger import credits_charge, credits_hold
+
+    tenant, user = team
+    credits_hold(tenant=tenant, amount=3_000, actor=None, reason="t", reference="t")
+    credits_charge(tenant=tenant, amount=3_000, actor=None, reason="t", reference="t")
+    budget_set(tenant=tenant, window="week", mode="soft", cap=7_000, actor=None)
+    budget_set(tenant=tenant, window="month", mode="soft", cap=30_000, actor=None)
+    page = _login(client, user).get(reverse("spend")).content.decode()
+    assert '"name":"This week"' in page and '"name":"Weekly cap 7"' in page
+    assert '"name":"This month"' in page and '"name":"Monthly cap 30"' in page

@@ -1,0 +1,62 @@
+"""Market charts drawn from plain data: each cap against the spend of its own period, axes that
+fit tiny and large amounts."""
+
+from __future__ import annotations
+
+from datetime import date, timedelta
+
+import pytest
+
+from market.charts import SpendPeriod, spend_over_time, supply_demand
+
+NOV = [date(2026, 11, 1) + timedelta(days=i) for i in range(25)]  # Sun 1 .. Wed 25
+WEEK = date(2026, 11, 23)  # Monday
+
+
+def _trace(fig, prefix):
+    found = [t for t in fig.data if t.name.startswith(prefix)]
+    assert len(found) == 1, [t.name for t in fig.data]
+    return found[0]
+
+
+def test_a_week_cap_is_drawn_against_week_to_date_spend_not_month_to_date():
+    fig = spend_over_time(
+        days=NOV,
+        daily=[1_000] * 25,  # 1 credit a day
+        periods=[
+            SpendPeriod(label="This month", cap_label="Monthly cap", start=NOV[0], cap=40_000),
+            SpendPeriod(label="This week", cap_label="Weekly cap", start=WEEK, cap=5_000),
+        ],
+    )
+    month, week = _trace(fig, "This month"), _trace(fig, "This week")
+    assert list(month.y) == [float(i) for i in range(1, 26)]
+    assert list(week.x) == [WEEK, WEEK + timedelta(days=1), WEEK + timedelta(days=2)]
+    assert list(week.y) == [1.0, 2.0, 3.0]  # 3 of the week's 5, not 25 of the month's
+    cap = _trace(fig, "Weekly cap 5")
+    assert list(cap.x) == [WEEK, NOV[-1]] and list(cap.y) == [5.0, 5.0]
+    assert list(_trace(fig, "Monthly cap 40").x) == [NOV[0], NOV[-1]]
+
+
+def test_a_cap_far_above_the_spend_does_not_squash_it_and_is_still_named():
+    fig = spend_over_time(
+        days=NOV[:3],
+        daily=[2, 3, 1],  # milli-credits
+        periods=[
+            SpendPeriod(label="This month", cap_label="Monthly cap", start=NOV[0], cap=10**9),
+        ],
+        daily_cap=4,
+    )
+    far = _trace(fig, "Monthly cap 1e+06")
+    assert far.visible == "legendonly" and "far above" in far.name
+    assert _trace(fig, "Daily cap").visible in (None, True)  # near the spend: drawn
+    assert fig.layout.yaxis.range is None or fig.layout.yaxis.range[1] < 1  # fitted to spend
+
+
+def test_supply_and_demand_at_tiny_prices_fill_the_chart():
+    fig = supply_demand(tier="a100", bids=[(3, 2), (2, 1)], capacity=4, reserve=1, price=2)
+    assert fig.layout.yaxis.range[1] == pytest.approx(0.003 * 1.15)
+
+
+def test_supply_and_demand_at_large_prices_are_not_clipped():
+    fig = supply_demand(tier="a100", bids=[(9 * 10**9, 2)], capacity=4, reserve=10**6, price=None)
+    assert fig.layout.yaxis.range[1] >= 9 * 10**6
