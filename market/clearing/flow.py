@@ -1,11 +1,9 @@
 """The market's network problems solved as min-cost flows (OR-Tools' cost-scaling solver).
 
-Two of the market's problems are network LPs with whole capacities in whole-GPU mode:
-
-- the open-market welfare problem (colgen.py states it): bid -> [capped group] -> tier ->
-  sink, a profit of p_e per GPU on a bid's arc;
-- the guarantee problem (guarantee.py): bid -> (tenant, tier) share -> sink, a value of v_e
-  per GPU.
+The open-market welfare problem (colgen.py states it) is a network LP with whole capacities
+in whole-GPU mode: bid -> [capped group] -> tier -> sink, a profit of p_e per GPU on a bid's
+arc. (The guarantee's transport problems, one per tenant, are solved together by
+transport.py.)
 
 Every bid's GPUs enter the network, and what finds no profitable arc leaves at no profit (a
 bypass arc). A min-cost flow solver takes these networks as they are, with no LP around them:
@@ -32,7 +30,6 @@ from ortools.graph.python import min_cost_flow
 from .rules import EPS, OpenMarket
 
 MILLI = 1000
-FRACTION = 1e-6  # GPUs per unit of flow for fractional shares
 # Cost scaling multiplies costs by the node count, which must stay inside int64 with room to
 # spare (the solver checks too, and answers BAD_COST_RANGE rather than overflow).
 COST_LIMIT = 2**61
@@ -241,47 +238,3 @@ def fill_by_id(m: OpenMarket, x: np.ndarray) -> np.ndarray:
         free[m.arc_bid[arcs]] += flow - take
         x[arcs] = take
     return x
-
-
-def guarantee_flow(
-    arc_bid: np.ndarray,
-    arc_share: np.ndarray,
-    quantity: np.ndarray,
-    share: np.ndarray,
-    value: np.ndarray,
-) -> np.ndarray | None:
-    """GPUs per arc of the best bundles within shares: max sum v y s.t. a bid's arcs <= its
-    quantity and a share's arcs <= the share. ``arc_bid`` and ``arc_share`` index
-    ``quantity`` and ``share``, given in units of flow (``share_units``); None unless the
-    values are whole milli-credits."""
-    v = whole_numbers(value, MILLI)
-    if v is None:
-        return None
-    bids, b_row = np.unique(arc_bid, return_inverse=True)
-    shares, s_row = np.unique(arc_share, return_inverse=True)
-    # Nodes: bids, shares, the sink; what no share takes spills to the sink.
-    first_share = bids.size
-    sink = first_share + shares.size
-    tails = np.concatenate([b_row, first_share + np.arange(shares.size), np.arange(bids.size)])
-    heads = np.concatenate([first_share + s_row, np.full(shares.size + bids.size, sink)])
-    caps = np.concatenate([quantity[arc_bid], share[shares], quantity[bids]])
-    costs = np.concatenate([-v, np.zeros(shares.size + bids.size, dtype=np.int64)])
-    supplies = np.concatenate(
-        [quantity[bids], np.zeros(shares.size, dtype=np.int64), [-quantity[bids].sum()]]
-    )
-    flows = min_cost_flow_solve(tails, heads, caps, costs, supplies)
-    return None if flows is None else flows[: arc_bid.size].astype(float)
-
-
-def share_units(
-    quantity: np.ndarray, share: np.ndarray, *, fractional: bool
-) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """Quantities and shares as whole units of flow, and GPUs per unit: whole GPUs, or for
-    ``fractional`` shares millionths of a GPU (shares rounded down, at most 1e-6 GPU off);
-    None when quantities are not whole (divisible mode)."""
-    unit = FRACTION if fractional else 1.0
-    q = whole_numbers(quantity, 1.0 / unit)
-    s = whole_numbers(np.floor(share / unit + EPS) if fractional else share)
-    if q is None or s is None:
-        return None
-    return q, s, unit

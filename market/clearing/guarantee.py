@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import lp
-from .flow import guarantee_flow, share_units
 from .rules import Market, fill_in_order, whole
+from .transport import best_bundles
 
-CHUNK_ARCS = 2000  # arcs per transport problem
+CHUNK_ARCS = 2000  # arcs per transport LP (the fallback)
 
 
 def guarantees(market: Market, arc_value: np.ndarray, *, fractional: bool = False) -> np.ndarray:
@@ -57,17 +57,18 @@ def guarantee_bundles(
 
     many = eligible[~single]
     if many.size:
-        # The tenants' transport problems are independent and small: solved in chunks of
-        # whole tenants, a few thousand arcs each, which is faster than one problem of all.
-        units = share_units(a.quantity, share, fractional=fractional and not market.divisible)
-        for part in _chunks(many, a.arc_tenant[many]):
-            flow = None
-            if units is not None:
-                q, s, unit = units
-                flow = guarantee_flow(
-                    a.arc_bid[part], market.arc_group[part], q, s, arc_value[part]
-                )
-            y[part] = _transport(market, part, arc_value, share) if flow is None else flow * unit
+        y[many], solved = best_bundles(
+            a.arc_bid[many],
+            a.arc_tenant[many],
+            a.arc_tier[many],
+            arc_value[many],
+            a.quantity[a.arc_bid[many]],
+            share[market.arc_group[many]],
+            a.n_tiers,
+        )
+        if not solved.all():
+            for part in _chunks(many[~solved], a.arc_tenant[many[~solved]]):
+                y[part] = _transport(market, part, arc_value, share)
         if not (market.divisible or fractional):
             y[many] = np.rint(y[many])  # each problem is a network: its vertex is whole
         np.add.at(g, a.arc_tenant[many], arc_value[many] * y[many])

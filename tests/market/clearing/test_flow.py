@@ -212,20 +212,37 @@ def test_costs_beyond_the_solvers_range_are_refused_not_overflowed():
 
 
 @settings(max_examples=100, deadline=None)
-@given(instances(gangs=False), st.booleans())
-def test_guarantee_flows_match_the_transport_lps(inst, fractional):
+@given(instances(gangs=False), st.booleans(), st.booleans())
+def test_guarantee_paths_match_the_transport_lps(inst, fractional, divisible):
     a = instance_arrays(inst)
-    market = build_market(a, divisible=False)
+    market = build_market(a, divisible=divisible)
 
-    g_flow, y_flow = guarantee.guarantee_bundles(market, a.arc_price, fractional=fractional)
-    saved = guarantee.guarantee_flow
-    guarantee.guarantee_flow = lambda *args, **kwargs: None
+    g_paths, y_paths = guarantee.guarantee_bundles(market, a.arc_price, fractional=fractional)
+    saved = guarantee.best_bundles
+
+    def unsolved(arc_bid, *args):  # every tenant left to the LP
+        return np.zeros(arc_bid.size), np.zeros(arc_bid.size, dtype=bool)
+
+    guarantee.best_bundles = unsolved
     try:
         g_lp, _ = guarantee.guarantee_bundles(market, a.arc_price, fractional=fractional)
     finally:
-        guarantee.guarantee_flow = saved
+        guarantee.best_bundles = saved
 
-    # Fractional shares are counted in millionths of a GPU, rounded down.
-    np.testing.assert_allclose(g_flow, g_lp, atol=1e-5 * (1 + a.arc_price.max(initial=0)))
-    if not fractional:
-        assert np.all(y_flow == np.rint(y_flow))
+    np.testing.assert_allclose(g_paths, g_lp, rtol=1e-9, atol=1e-9)
+    _within_shares(market, y_paths, fractional)
+    if not (fractional or divisible):
+        assert np.all(y_paths == np.rint(y_paths))
+
+
+def _within_shares(market, y, fractional) -> None:
+    a = market.arrays
+    share = (
+        market.group_share
+        if (fractional or market.divisible)
+        else np.floor(market.group_share + 1e-9)
+    )
+    assert np.all(y >= 0)
+    assert np.all(np.bincount(a.arc_bid, weights=y, minlength=a.n_bids) <= a.quantity + 1e-9)
+    held = np.bincount(market.arc_group, weights=y, minlength=share.size)
+    assert np.all(held <= share + 1e-9)
