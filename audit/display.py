@@ -12,7 +12,7 @@ from tenants.ledger import credits
 MONEY_KEYS = frozenset(
     {
         "amount", "cap", "escrow", "charge", "charged", "refunded", "revenue",
-        "expected_revenue", "price", "prices", "reserve_prices", "limits", "spent", "held",
+        "expected_revenue", "price", "prices", "reserve_prices", "limits", "spent", "held", "refunds",
         "remaining", "spend_max_per_window", "available", "balance",
     }
 )  # fmt: skip

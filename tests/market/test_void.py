@@ -3,6 +3,7 @@ refunded, tenants told, the enforcement loop stops the work, the ledger stays cl
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -176,3 +177,45 @@ def test_void_a_round_from_a_fixed_past_date_leaves_other_rounds_alone(teams):
     second.refresh_from_db()
     assert second.status == Round.Status.SETTLED
     assert set(second.allocations.values_list("status", flat=True)) == {Allocation.Status.ACTIVE}
+
+
+MONEY_WORDS = re.compile(
+    r"(amount|cap|escrow|charge|refund|price|revenue|spend|balance|held|available|remaining|"
+    r"limit|reserve)"
+)
+NOT_MONEY = {"capacity", "capacities", "bids_refunded"}  # GPUs and a count
+
+
+def test_every_amount_in_the_audit_of_bids_settlement_and_void_reads_in_credits(teams):
+    """Each key of an audit payload that holds milli-credits is one the review shows in
+    credits (audit.display.MONEY_KEYS); a new money key left out would read 1000x too big."""
+    from audit.display import MONEY_KEYS
+
+    market = market_make()
+    a, b, _c = teams
+    rnd, _ = settle(market, [(a, 2, {"a100": 3_000}), (b, 2, {"a100": 4_000})])
+    round_void(round=rnd, actor=market.admin, reason="rack 3")
+
+    def ints(value) -> bool:
+        if isinstance(value, dict):
+            return bool(value) and all(ints(v) for v in value.values())
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    def missed(payload, path=""):
+        if not isinstance(payload, dict):
+            return []
+        out = []
+        for key, value in payload.items():
+            if key in MONEY_KEYS or key in NOT_MONEY:
+                continue
+            if MONEY_WORDS.search(key) and ints(value):
+                out.append(f"{path}{key}")
+            out += missed(value, f"{path}{key}.")
+        return out
+
+    left = {
+        (e.action, k)
+        for e in AuditEvent.objects.all()
+        for k in missed(e.before or {}) + missed(e.after or {})
+    }
+    assert not left, left
