@@ -1,16 +1,19 @@
 """Browser fixtures: Debian's Chromium driven by Playwright against pytest-django's live server.
 
 Every request a page makes is recorded, and a test fails if any went to a host other than
-the live server: the pages must work with no CDN and no outside network.
+the live server: the pages must work with no CDN and no outside network. After each test the
+ledger must verify clean, as `gpumarket verify-ledger` checks it.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from django.core.management import call_command
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
@@ -76,6 +79,11 @@ def page(live_server, monkeypatch) -> Iterator[object]:
     assert requests, "the page made no request at all"
     assert not outside, f"requests left the live server: {outside}"
     assert not blocked, f"the Content-Security-Policy blocked: {blocked}"
+    # Whatever the flow did to money, `gpumarket verify-ledger` is clean after it (it raises
+    # CommandError naming each broken invariant).
+    out = io.StringIO()
+    call_command("verify_ledger", stdout=out)
+    assert "ledger clean" in out.getvalue()
 
 
 def login(page, username: str, password: str) -> None:
