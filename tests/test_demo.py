@@ -58,15 +58,17 @@ def test_demo_serves_the_site_and_its_simulated_nodes_report_and_get_enforced(tm
         while time.monotonic() < deadline and login is None:
             assert demo.poll() is None, (tmp_path / "demo.log").read_text()
             try:
-                login = requests.get(f"{base}/login/", timeout=2)
-            except requests.ConnectionError:
+                login = requests.get(f"{base}/login/", timeout=10)
+            except (requests.ConnectionError, requests.Timeout):
+                # Not listening yet, or still busy with its first request (the site, a worker
+                # and two agents start together on two cores): ask again.
                 time.sleep(0.5)
         assert login is not None and login.status_code == 200
         assert "Log in" in login.text
 
         healthy = paused = 0.0
         while time.monotonic() < deadline and not (healthy == 2 and paused >= 1):
-            body = requests.get(f"{base}/metrics", timeout=5).text
+            body = requests.get(f"{base}/metrics", timeout=30).text
             healthy = _metric(body, "gpumarket_nodes", 'state="healthy"')
             paused = _metric(
                 body, "gpumarket_enforcement_actions", 'action="pause",state="acknowledged"'
