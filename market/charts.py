@@ -6,6 +6,7 @@ for display only. ``core.charts.figure_html`` turns a figure into a page fragmen
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -21,6 +22,13 @@ _LAYOUT = {
     "template": "plotly_white",
     "legend": {"orientation": "h", "y": -0.2},
 }
+
+
+# Dates a person reads ("Nov 24 09:00") on every time axis.
+DATE_TICKS = "%b %d %H:%M"
+# The share of rounds a normal band of +/- BAND_Z standard deviations holds (95 % for 1.96),
+# so the legend says what the band means without the statistics.
+BAND_SHARE = 100 * math.erf(BAND_Z / math.sqrt(2))
 
 
 def _credits(milli: int | float) -> float:
@@ -46,7 +54,7 @@ def price_history(series: Mapping[str, Sequence[tuple[datetime, int]]]) -> go.Fi
         yaxis_title="Credits per GPU-hour",
         # Dates a person reads ("Nov 24 09:00"), and prices from zero so that a move of a
         # few milli-credits does not look like a crash.
-        xaxis={"type": "date", "tickformat": "%b %d %H:%M"},
+        xaxis={"type": "date", "tickformat": DATE_TICKS},
         yaxis={"rangemode": "tozero"},
         **_LAYOUT,
     )
@@ -252,7 +260,7 @@ def demand_forecast(
                 line={"width": 0},
                 fill="tonexty",
                 fillcolor="rgba(99, 110, 250, 0.2)",
-                name=f"Forecast band (±{BAND_Z:g}σ)",
+                name=f"Likely range ({BAND_SHARE:.0f} % of rounds)",
             )
         )
         fig.add_trace(
@@ -285,7 +293,11 @@ def demand_forecast(
     )
     fig.update_layout(
         title=f"Demand forecast — {tier}",
-        xaxis_title="Round window start (UTC)",
+        xaxis={
+            "title": {"text": "Round window start (UTC)"},
+            "type": "date",
+            "tickformat": DATE_TICKS,
+        },
         yaxis={"title": {"text": "GPUs"}, "rangemode": "tozero"},
         yaxis2={
             "title": {"text": "Credits per GPU-hour"},

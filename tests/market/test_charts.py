@@ -60,3 +60,26 @@ def test_supply_and_demand_at_tiny_prices_fill_the_chart():
 def test_supply_and_demand_at_large_prices_are_not_clipped():
     fig = supply_demand(tier="a100", bids=[(9 * 10**9, 2)], capacity=4, reserve=10**6, price=None)
     assert fig.layout.yaxis.range[1] >= 9 * 10**6
+
+
+def test_the_demand_forecast_reads_as_dates_and_names_its_band_without_jargon():
+    from datetime import UTC, datetime
+
+    from market.charts import demand_forecast
+    from market.forecast import SIMPLE, Forecast
+
+    at = [datetime(2026, 11, 24, h, tzinfo=UTC) for h in range(4)]
+    fig = demand_forecast(
+        tier="a100",
+        at=at,
+        demand=[1, 3, 2, 4],
+        capacity=[4, 4, 4, 4],
+        price=[3000, 3100, None, 3200],
+        future_at=[datetime(2026, 11, 24, 4, tzinfo=UTC)],
+        forecast=Forecast(method=SIMPLE, reason="", mean=(3.0,), lower=(1.0,), upper=(5.0,)),
+        offered=4,
+    )
+    assert fig.layout.xaxis.type == "date" and "%H:%M" in fig.layout.xaxis.tickformat
+    names = [t.name for t in fig.data if t.showlegend is not False]
+    assert "Likely range (95 % of rounds)" in names
+    assert not any("σ" in n or "sigma" in n for n in names)
