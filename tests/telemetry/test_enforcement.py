@@ -523,3 +523,35 @@ def test_allocation_the_round_already_finished_stays_finished(node, team, tier, 
     assert action.action == A.TERMINATE and "was finished" in action.reason
     assert result.allocations_preempted == []
     assert statuses(allocation) == ["finished"]
+
+
+def test_the_team_is_told_when_work_is_stopped_at_the_windows_end_and_reads_ended_not_preempted(
+    node, team, tier, now, client
+):
+    from market.services import round_finish
+
+    stopped = allocation_make(
+        tenant=team,
+        tier=tier,
+        starts_at=now - timedelta(hours=1),
+        ends_at=now - timedelta(seconds=1),
+    )
+    quiet = allocation_make(
+        tenant=team,
+        tier=tier,
+        starts_at=now - timedelta(hours=1),
+        ends_at=now - timedelta(seconds=1),
+    )
+    report(node, {0: [process(100, allocation=stopped.pk)]})
+    enforce(now=now)
+    round_finish(round_id=quiet.round_id, now=now)
+
+    (notice,) = Notification.objects.filter(tenant=team, kind="allocation_ended")
+    assert f"Allocation #{stopped.pk} ended" in notice.message and "stopped" in notice.message
+    client.force_login(factories.member(tenant=team))
+    page = client.get("/").content.decode()
+    assert f"Allocation #{stopped.pk} ended" in page  # on the dashboard
+    listing = client.get("/fleet/allocations/").content.decode()
+    assert '<td class="status-preempted">Ended (work stopped)</td>' in listing
+    assert '<td class="status-finished">Ended</td>' in listing
+    assert "Preempted" not in listing
