@@ -275,3 +275,29 @@ def test_the_spend_chart_draws_a_week_cap_against_the_weeks_spend(client, market
     page = _login(client, user).get(reverse("spend")).content.decode()
     assert '"name":"This week"' in page and '"name":"Weekly cap 7"' in page
     assert '"name":"This month"' in page and '"name":"Monthly cap 30"' in page
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("limit_a100", "1e30"),
+        ("limit_a100", "1e5000"),
+        ("limit_a100", "12,5"),
+        ("quantity", "1e30"),
+    ],
+)
+def test_the_no_js_preview_refuses_what_placing_refuses(client, market, team, field, value):
+    import re
+
+    tenant, user = team
+    _login(client, user)
+
+    def errors(response) -> list[str]:
+        assert response.status_code < 500
+        return re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', response.content.decode())
+
+    placing = errors(client.post(reverse("bid_new"), _bid_post(market, **{field: value})))
+    previewing = client.post(reverse("bid_new"), _bid_post(market, preview="1", **{field: value}))
+    assert placing and errors(previewing) == placing
+    assert b"escrow-preview" not in previewing.content  # no figures from terms it refuses
+    assert not Bid.objects.exists()
