@@ -22,7 +22,7 @@ Which of its equally good tiers a bid gets is the solver's (deterministic) choic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from ortools.graph.python import min_cost_flow
@@ -74,62 +74,101 @@ def min_cost_flow_solve(
 def welfare_flow(m: OpenMarket) -> np.ndarray | None:
     """GPUs per arc (E,) of a maximum-profit allocation of the open market, or None when it
     is not a whole-number network (see the module's docstring)."""
-    T = m.tier_room.size
-    bid_room = whole_numbers(m.bid_room)
-    tier_room = whole_numbers(m.tier_room)
-    group_room = whole_numbers(m.group_room)
-    profit = whole_numbers(m.arc_price, MILLI)
-    if bid_room is None or tier_room is None or group_room is None or profit is None:
-        return None
-    x = np.zeros(m.arc_bid.size)
-    use = np.flatnonzero((bid_room[m.arc_bid] > 0) & (profit > 0))
-    if use.size == 0:
-        return x
-    use = use[np.lexsort((m.arc_tier[use], m.arc_bid[use]))]
-    bids = Classes.of(m, use, profit)
-    rep = np.flatnonzero(bids.rep_arc == np.arange(use.size))  # the class's own arcs
-    C = bids.room.size
-    capped = m.arc_capped[use[rep]]
-    groups, group_row = np.unique(capped[capped >= 0], return_inverse=True)
-    # Nodes: classes of bids, capped groups, tiers, the sink and the source; the source sends
-    # every bid's GPUs, and what finds no profitable arc goes straight to the sink.
-    first_group = C
-    first_tier = first_group + groups.size
-    sink = first_tier + T
-    source = sink + 1
-    group_node = np.full(m.group_room.size, -1, dtype=np.int64)
-    group_node[groups] = first_group + np.arange(groups.size)
-    group_tier = np.zeros(groups.size, dtype=np.int64)
-    group_tier[group_row] = m.arc_tier[use[rep]][capped >= 0]
-    arc_head = np.where(
-        capped >= 0, group_node[np.maximum(capped, 0)], first_tier + m.arc_tier[use[rep]]
-    )
-    arc_class = bids.arc_class[rep]
-    supply = bids.room.sum()
-    tails = np.concatenate(
-        [
-            arc_class,
-            first_group + np.arange(groups.size),
-            first_tier + np.arange(T),
-            np.full(C + 1, source),
-        ]
-    )
-    heads = np.concatenate(
-        [arc_head, first_tier + group_tier, np.full(T, sink), np.arange(C), [sink]]
-    )
-    caps = np.concatenate(
-        [bids.room[arc_class], group_room[groups], tier_room, bids.room, [supply]]
-    )
-    costs = np.concatenate([-profit[use[rep]], np.zeros(groups.size + T + C + 1, dtype=np.int64)])
-    supplies = np.zeros(source + 1, dtype=np.int64)
-    supplies[source], supplies[sink] = supply, -supply
-    flows = min_cost_flow_solve(tails, heads, caps, costs, supplies)
-    if flows is None:
-        return None
-    class_flow = np.zeros(use.size)
-    class_flow[rep] = flows[: rep.size]
-    x[use] = bids.share_out(class_flow)
-    return fill_by_id(m, x)
+    network = WelfareNetwork.of(m)
+    return None if network is None else network.solve(m)
+
+
+@dataclass(frozen=True)
+class WelfareNetwork:
+    """The open market's flow network, built once (the classes of alike bids, nodes, arcs,
+    costs) and solved for the market or for any market left from it: the same arcs and
+    profits with rooms no larger, as the bundle passes of welfare.py are."""
+
+    n_arcs: int
+    use: np.ndarray  # (U,) arcs with room and profit, sorted by bid then tier
+    classes: Classes | None  # None when no arc has room and profit
+    rep: np.ndarray  # (R,) index in use of each class's own arcs
+    groups: np.ndarray  # (G',) capped groups the arcs reach
+    tails: np.ndarray  # the flow's arcs: the classes' own arcs, groups, tiers, source arcs
+    heads: np.ndarray
+    costs: np.ndarray
+
+    @classmethod
+    def of(cls, m: OpenMarket) -> WelfareNetwork | None:
+        T = m.tier_room.size
+        bid_room = whole_numbers(m.bid_room)
+        profit = whole_numbers(m.arc_price, MILLI)
+        if bid_room is None or profit is None:
+            return None
+        use = np.flatnonzero((bid_room[m.arc_bid] > 0) & (profit > 0))
+        use = use[np.lexsort((m.arc_tier[use], m.arc_bid[use]))]
+        if use.size == 0:
+            return cls(m.arc_bid.size, use, None, use, use, use, use, use)
+        bids = Classes.of(m, use, profit)
+        rep = np.flatnonzero(bids.rep_arc == np.arange(use.size))  # the class's own arcs
+        C = bids.room.size
+        capped = m.arc_capped[use[rep]]
+        groups, group_row = np.unique(capped[capped >= 0], return_inverse=True)
+        # Nodes: classes of bids, capped groups, tiers, the sink and the source; the source
+        # sends every bid's GPUs, and what finds no profitable arc goes straight to the sink.
+        first_group = C
+        first_tier = first_group + groups.size
+        sink = first_tier + T
+        source = sink + 1
+        group_node = np.full(m.group_room.size, -1, dtype=np.int64)
+        group_node[groups] = first_group + np.arange(groups.size)
+        group_tier = np.zeros(groups.size, dtype=np.int64)
+        group_tier[group_row] = m.arc_tier[use[rep]][capped >= 0]
+        arc_head = np.where(
+            capped >= 0, group_node[np.maximum(capped, 0)], first_tier + m.arc_tier[use[rep]]
+        )
+        tails = np.concatenate(
+            [
+                bids.arc_class[rep],
+                first_group + np.arange(groups.size),
+                first_tier + np.arange(T),
+                np.full(C + 1, source),
+            ]
+        )
+        heads = np.concatenate(
+            [arc_head, first_tier + group_tier, np.full(T, sink), np.arange(C), [sink]]
+        )
+        costs = np.concatenate(
+            [-profit[use[rep]], np.zeros(groups.size + T + C + 1, dtype=np.int64)]
+        )
+        return cls(m.arc_bid.size, use, bids, rep, groups, tails, heads, costs)
+
+    def solve(self, m: OpenMarket) -> np.ndarray | None:
+        """GPUs per arc (E,) of a maximum-profit allocation of ``m`` (the market the network
+        was built from, or one left from it), or None when its rooms are not whole."""
+        bid_room = whole_numbers(m.bid_room)
+        tier_room = whole_numbers(m.tier_room)
+        group_room = whole_numbers(m.group_room)
+        if bid_room is None or tier_room is None or group_room is None:
+            return None
+        x = np.zeros(self.n_arcs)
+        if self.classes is None:
+            return x
+        bids = self.classes.with_room(np.maximum(bid_room, 0))
+        supply = bids.room.sum()
+        caps = np.concatenate(
+            [
+                bids.room[bids.arc_class[self.rep]],
+                group_room[self.groups],
+                tier_room,
+                bids.room,
+                [supply],
+            ]
+        )
+        supplies = np.zeros(int(self.tails.max()) + 1, dtype=np.int64)
+        supplies[-2], supplies[-1] = -supply, supply  # the sink, the source
+        flows = min_cost_flow_solve(self.tails, self.heads, caps, self.costs, supplies)
+        if flows is None:
+            return None
+        class_flow = np.zeros(self.use.size)
+        class_flow[self.rep] = flows[: self.rep.size]
+        x[self.use] = bids.share_out(class_flow)
+        return fill_by_id(m, x)
 
 
 def row_mix(columns: int) -> np.ndarray:
@@ -159,13 +198,18 @@ def equal_rows(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class Classes:
     """Bids whose arcs are the same (tier, capped group, profit) are interchangeable: the flow
     sees one node per class, with the rooms of its bids summed, and the arcs of its first
-    bid. Arrays per arc of ``use`` (sorted by bid, then tier) and per class."""
+    bid. Arrays per arc of ``use`` (sorted by bid, then tier), per bid of ``use`` and per
+    class."""
 
     arc_class: np.ndarray  # (U,) class of the arc's bid
     rep_arc: np.ndarray  # (U,) index in use of the same arc of the class's first bid
     arc_member: np.ndarray  # (U,) start, in the class's stream of GPUs, of the bid's part
     arc_room: np.ndarray  # (U,) the bid's room
     room: np.ndarray  # (C,) GPUs of the class's bids together
+    bid: np.ndarray  # (K,) the bids of use
+    bid_class: np.ndarray  # (K,) class of each
+    arc_row: np.ndarray  # (U,) the arc's bid, as an index of ``bid``
+    by_class: np.ndarray  # (K,) rows of ``bid`` by class, in id order within a class
 
     @classmethod
     def of(cls, m: OpenMarket, use: np.ndarray, profit: np.ndarray) -> Classes:
@@ -180,19 +224,33 @@ class Classes:
             head, bid_class = equal_rows(key)
         else:  # too many cells to compare: every bid is its own class
             head, bid_class = np.arange(bid.size), np.arange(bid.size)
-        room = m.bid_room[bid]
-        # Within a class, bids take the class's GPUs in id order (rows are in id order).
-        order = np.argsort(bid_class, kind="stable")
-        before = np.cumsum(room[order]) - room[order]
-        class_start = np.searchsorted(bid_class[order], np.arange(head.size))
-        member = np.empty(bid.size)
-        member[order] = before - before[class_start][bid_class[order]]
-        return cls(
+        partition = cls(
             arc_class=bid_class[row],
             rep_arc=first[head][bid_class[row]] + position,
-            arc_member=member[row],
-            arc_room=room[row],
-            room=np.bincount(bid_class, weights=room, minlength=head.size).astype(np.int64),
+            arc_member=np.zeros(use.size),
+            arc_room=np.zeros(use.size),
+            room=np.zeros(head.size, dtype=np.int64),
+            bid=bid,
+            bid_class=bid_class,
+            arc_row=row,
+            # Within a class, bids take the class's GPUs in id order (rows are in id order).
+            by_class=np.argsort(bid_class, kind="stable"),
+        )
+        return partition.with_room(m.bid_room)
+
+    def with_room(self, bid_room: np.ndarray) -> Classes:
+        """The same classes with every bid's room taken from ``bid_room`` (B,)."""
+        order, bid_class = self.by_class, self.bid_class
+        room = bid_room[self.bid]
+        before = np.cumsum(room[order]) - room[order]
+        class_start = np.searchsorted(bid_class[order], np.arange(self.room.size))
+        member = np.empty(self.bid.size)
+        member[order] = before - before[class_start][bid_class[order]]
+        return replace(
+            self,
+            arc_member=member[self.arc_row],
+            arc_room=room[self.arc_row].astype(float),
+            room=np.bincount(bid_class, weights=room, minlength=self.room.size).astype(np.int64),
         )
 
     def share_out(self, class_flow: np.ndarray) -> np.ndarray:

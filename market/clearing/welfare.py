@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from .colgen import WelfareSolution, solve_welfare
-from .flow import welfare_flow
+from .flow import WelfareNetwork, welfare_flow
 from .guarantee import guarantee_bundles, guarantees
 from .metrics import value_matrix
 from .prices import least_duals, minimal_prices
@@ -39,11 +39,12 @@ from .rules import EPS, Market, OpenMarket, Outcome, open_market
 EXACT_COLUMNS = 600  # programs with a binding guarantee up to this many arcs are solved exactly
 
 
-def _open_welfare(om: OpenMarket) -> WelfareSolution:
-    """The open-market welfare problem: a min-cost flow when it is a whole-number network,
-    else column generation over HiGHS LPs."""
+def _open_welfare(om: OpenMarket, network: WelfareNetwork | None = None) -> WelfareSolution:
+    """The open-market welfare problem: a min-cost flow when it is a whole-number network
+    (``network``: one built before for this market or the market it was left from), else
+    column generation over HiGHS LPs."""
     start = time.perf_counter()
-    x = welfare_flow(om)
+    x = welfare_flow(om) if network is None else network.solve(om)
     if x is None:
         return solve_welfare(om)
     return WelfareSolution(x, time.perf_counter() - start, 0)
@@ -102,8 +103,11 @@ def _divisible_bids(
 ) -> tuple[np.ndarray, np.ndarray, float, float, bool]:
     """GPUs per arc, tier prices over the reserve, solver seconds, guarantee loss, fallback."""
     a = market.arrays
-    first = _open_welfare(om)
-    x, seconds = first.x, first.seconds
+    start = time.perf_counter()
+    network = WelfareNetwork.of(om)
+    build = time.perf_counter() - start
+    first = _open_welfare(om, network)
+    x, seconds = first.x, first.seconds + build
     utility = np.bincount(a.arc_tenant, weights=a.arc_price * x, minlength=a.n_tenants)
     met = np.all(utility >= target - 1e-7 * (1.0 + np.abs(target)))
     integral = market.divisible or np.abs(x - np.rint(x)).max(initial=0.0) <= 1e-6
@@ -115,7 +119,7 @@ def _divisible_bids(
         # minutes): the tenants whose guarantee binds get their guarantee bundles, feasible
         # together and whole in whole-GPU mode, and the rest of the market is cleared by
         # column generation around them; a tenant that then falls short joins them.
-        held = _bundles_first(market, om, bundle, target, x)
+        held = _bundles_first(market, om, bundle, target, x, network)
         if held is not None:
             x, prices, more = held
             loss = float(om.arc_price @ (first.x - x))
@@ -142,7 +146,12 @@ def _divisible_bids(
 
 
 def _bundles_first(
-    market: Market, om: OpenMarket, bundle: np.ndarray, target: np.ndarray, x0: np.ndarray
+    market: Market,
+    om: OpenMarket,
+    bundle: np.ndarray,
+    target: np.ndarray,
+    x0: np.ndarray,
+    network: WelfareNetwork | None,
 ) -> tuple[np.ndarray, np.ndarray, float] | None:
     """GPUs per arc, prices over the reserve (the least equilibrium prices of the market left
     around the bundles) and solver seconds; None when the bundles do not fit (gang bids
@@ -159,7 +168,7 @@ def _bundles_first(
         if min(rest.tier_room.min(initial=0.0), rest.group_room.min(initial=0.0)) < -EPS:
             return None
         rest = replace(rest, tier_room=np.maximum(rest.tier_room, 0.0))
-        sol = _open_welfare(rest)
+        sol = _open_welfare(rest, network)
         seconds += sol.seconds
         free = sol.x if market.divisible else np.rint(sol.x)
         x = fixed + free
