@@ -3,13 +3,17 @@ service's transaction, so the event and the change commit or roll back together.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, models, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from audit.chain import GENESIS_HASH, event_hash
+from audit.chain import GENESIS_HASH, event_hash, fields_of
 from audit.keys import signing_key
 from audit.models import AuditEvent
 
@@ -37,6 +41,57 @@ def _actor_parts(actor: AbstractBaseUser | str | None) -> tuple[int | None, str]
     return actor.pk, actor.get_username()
 
 
+_batch = threading.local()
+
+
+def _savepoints(connection: BaseDatabaseWrapper) -> list[str]:
+    # atomic(savepoint=False) pushes None: a failure inside it dooms the whole transaction,
+    # so an event recorded there cannot outlive a rollback that the batch would miss.
+    return [sid for sid in connection.savepoint_ids if sid]
+
+
+@contextmanager
+def batch() -> Iterator[None]:
+    """Events recorded inside are appended together when the block ends: one chain lock, one
+    read of the head and one INSERT for all of them, instead of three round trips each. The
+    events, their order and their hashes are those that recording them one by one would give.
+
+    Must run inside the transaction of the change; if the block raises, nothing is appended
+    (and the transaction rolls back). Blocks may nest; the outermost one appends. An event
+    recorded under a savepoint opened inside the block is appended at once instead, so that
+    it rolls back with its savepoint.
+    """
+    connection = transaction.get_connection()
+    if not connection.in_atomic_block:
+        raise AuditError("audit.batch must run inside the transaction of the change it records")
+    if getattr(_batch, "events", None) is not None:
+        yield
+        return
+    _batch.events, _batch.savepoints = [], _savepoints(connection)
+    try:
+        yield
+        events = _batch.events
+    finally:
+        _batch.events = _batch.savepoints = None
+    _append(events)
+
+
+def _append(events: list[AuditEvent]) -> None:
+    if not events:
+        return
+    _lock_chain()
+    last = AuditEvent.objects.order_by("-seq").values("seq", "hash").first()
+    seq = last["seq"] if last else 0
+    prev_hash = last["hash"] if last else GENESIS_HASH
+    key_id, key = signing_key()
+    for event in events:
+        seq += 1
+        event.seq, event.prev_hash, event.key_id = seq, prev_hash, key_id
+        event.hash = event_hash(key=key, **fields_of(event))
+        prev_hash = event.hash
+    AuditEvent.objects.bulk_create(events)
+
+
 def record(
     *,
     actor: AbstractBaseUser | str | None,
@@ -51,31 +106,29 @@ def record(
     """Append one event. ``actor`` is a user, a system label such as ``"beat"``, or None.
 
     ``before``/``after`` must be JSON values (ints, strings, lists, dicts); money is integer
-    milli-credits. Must run inside the caller's transaction.
+    milli-credits. Must run inside the caller's transaction. Inside :func:`batch` the event
+    is appended (and gets its seq and hash) when the batch ends.
     """
     if not transaction.get_connection().in_atomic_block:
         raise AuditError("audit.record must run inside the transaction of the change it records")
     if target is not None:
         object_type = object_type or target._meta.label_lower
         object_id = object_id or target.pk
-    _lock_chain()
-    last = AuditEvent.objects.order_by("-seq").values("seq", "hash").first()
-    seq = (last["seq"] + 1) if last else 1
-    prev_hash = last["hash"] if last else GENESIS_HASH
     actor_id, actor_label = _actor_parts(actor)
-    key_id, key = signing_key()
-    fields = {
-        "seq": seq,
-        "created_at": timezone.now(),
-        "actor_id": actor_id,
-        "actor_label": actor_label,
-        "tenant_id": tenant.pk if tenant is not None else None,
-        "action": action,
-        "object_type": object_type,
-        "object_id": str(object_id),
-        "before": before,
-        "after": after,
-        "prev_hash": prev_hash,
-        "key_id": key_id,
-    }
-    return AuditEvent.objects.create(hash=event_hash(key=key, **fields), **fields)
+    event = AuditEvent(
+        created_at=timezone.now(),
+        actor_id=actor_id,
+        actor_label=actor_label,
+        tenant_id=tenant.pk if tenant is not None else None,
+        action=action,
+        object_type=object_type,
+        object_id=str(object_id),
+        before=before,
+        after=after,
+    )
+    pending = getattr(_batch, "events", None)
+    if pending is not None and _savepoints(transaction.get_connection()) == _batch.savepoints:
+        pending.append(event)
+    else:
+        _append([event])
+    return event

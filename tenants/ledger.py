@@ -14,7 +14,7 @@ from typing import Protocol
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import CharField, Sum
+from django.db.models import BigIntegerField, Case, CharField, F, Q, Sum, Value, When
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -80,22 +80,33 @@ def platform_account(kind: str) -> Account:
         return Account.objects.get(tenant__isnull=True, kind=kind)
 
 
-def _account_ids(*, tenant: Tenant, kind: str) -> tuple[int, int]:
-    source_kind, destination_kind = _ROUTES[kind]
-    ids = []
-    for account_kind in (source_kind, destination_kind):
+def _accounts_locked(*, tenant: Tenant, kind: str) -> tuple[Account, Account]:
+    """The source and destination accounts of ``kind``'s route, found and locked in one
+    statement, in primary-key order (the lock order on every path, so two transfers cannot
+    deadlock). A platform account that does not exist yet is created first."""
+    kinds = _ROUTES[kind]
+    wanted = Q()
+    for account_kind in kinds:
         if account_kind in Account.PLATFORM_KINDS:
-            ids.append(platform_account(account_kind).pk)
+            wanted |= Q(tenant__isnull=True, kind=account_kind)
         else:
-            account_id = (
-                Account.objects.filter(tenant=tenant, kind=account_kind)
-                .values_list("pk", flat=True)
-                .first()
-            )
-            if account_id is None:
+            wanted |= Q(tenant=tenant, kind=account_kind)
+    for _attempt in range(2):
+        # FOR UPDATE locks the rows as they leave the sort, so in pk order.
+        locked = {
+            a.kind: a for a in Account.objects.select_for_update().filter(wanted).order_by("pk")
+        }
+        missing = [k for k in kinds if k not in locked]
+        if not missing:
+            break
+        for account_kind in missing:
+            if account_kind not in Account.PLATFORM_KINDS:
                 raise TenantError(f"tenant {tenant.slug!r} has no {account_kind} account")
-            ids.append(account_id)
-    return ids[0], ids[1]
+            platform_account(account_kind)
+    for account in locked.values():
+        if account.tenant_id is not None:
+            account.tenant = tenant  # for str(account), without a query
+    return locked[kinds[0]], locked[kinds[1]]
 
 
 @dataclass(frozen=True)
@@ -104,7 +115,6 @@ class _Outcome:
     refusal: str = ""
 
 
-@transaction.atomic
 def _transfer_locked(
     *,
     kind: str,
@@ -116,15 +126,7 @@ def _transfer_locked(
     campaign: Campaign | None,
     idempotency_key: str | None,
 ) -> _Outcome:
-    source_id, destination_id = _account_ids(tenant=tenant, kind=kind)
-    # Fixed lock order (primary key) on every path, so two transfers cannot deadlock.
-    locked = {
-        a.pk: a
-        for a in Account.objects.select_for_update()
-        .filter(pk__in=[source_id, destination_id])
-        .order_by("pk")
-    }
-    source, destination = locked[source_id], locked[destination_id]
+    source, destination = _accounts_locked(tenant=tenant, kind=kind)
 
     fingerprint = f"{kind}:{tenant.pk}:{amount}:{reference}"
     if idempotency_key:
@@ -175,10 +177,17 @@ def _transfer_locked(
             Entry(transfer=transfer, account=destination, amount=amount),
         ]
     )
+    # Both balances in one statement; the rows are locked above.
+    Account.objects.filter(pk__in=[source.pk, destination.pk]).update(
+        balance=F("balance")
+        + Case(
+            When(pk=source.pk, then=Value(-amount)),
+            default=Value(amount),
+            output_field=BigIntegerField(),
+        )
+    )
     source.balance -= amount
     destination.balance += amount
-    source.save(update_fields=["balance"])
-    destination.save(update_fields=["balance"])
     if idempotency_key:
         LedgerOperation.objects.create(
             key=idempotency_key,
@@ -228,17 +237,22 @@ def transfer_execute(
     if campaign is not None and campaign.tenant_id != tenant.pk:
         raise TenantError(f"campaign {campaign.name!r} does not belong to tenant {tenant.slug!r}")
     try:
-        outcome = _transfer_locked(
-            kind=kind,
-            tenant=tenant,
-            amount=amount,
-            actor=actor,
-            reason=reason,
-            reference=reference,
-            campaign=campaign,
-            idempotency_key=idempotency_key,
-        )
+        # Only the idempotency key can make this fail with an IntegrityError that a caller
+        # may want to survive, so only then is a savepoint worth its two round trips.
+        with transaction.atomic(savepoint=bool(idempotency_key)):
+            outcome = _transfer_locked(
+                kind=kind,
+                tenant=tenant,
+                amount=amount,
+                actor=actor,
+                reason=reason,
+                reference=reference,
+                campaign=campaign,
+                idempotency_key=idempotency_key,
+            )
     except IntegrityError as exc:
+        if not idempotency_key:
+            raise
         # Only the idempotency key is unique here: two first attempts with one key raced.
         raise TenantError(
             f"idempotency key {idempotency_key!r} is being used by another request; retry"

@@ -165,7 +165,9 @@ def bid_place(
     escrow = bid_escrow(quantity=terms.quantity, limits=terms.limits, seconds=window_seconds(rnd))
     _budget_or_refuse(tenant=tenant, amount=escrow, campaign=campaign, now=now)
     try:
-        with transaction.atomic():
+        # The savepoint is only for the race on an idempotency key (handled below); without
+        # a key an IntegrityError is a bug and rolls the whole bid back.
+        with transaction.atomic(savepoint=bool(key)):
             bid = Bid.objects.create(
                 tenant=tenant,
                 author=user,
@@ -191,22 +193,24 @@ def bid_place(
             for slug, price in terms.limits.items()
         ]
     )
-    _ledger(
-        credits_hold,
-        tenant=tenant,
-        amount=escrow,
-        actor=user,
-        reason=f"escrow for bid {bid.pk} in round {rnd.pk}",
-        reference=f"bid:{bid.pk}",
-        campaign=campaign,
-    )
-    audit.record(
-        actor=user,
-        action="bid.place",
-        target=bid,
-        tenant=tenant,
-        after=_snapshot(bid, terms.limits),
-    )
+    # The hold's ledger event and the bid's event go into the chain in one append.
+    with audit.batch():
+        _ledger(
+            credits_hold,
+            tenant=tenant,
+            amount=escrow,
+            actor=user,
+            reason=f"escrow for bid {bid.pk} in round {rnd.pk}",
+            reference=f"bid:{bid.pk}",
+            campaign=campaign,
+        )
+        audit.record(
+            actor=user,
+            action="bid.place",
+            target=bid,
+            tenant=tenant,
+            after=_snapshot(bid, terms.limits),
+        )
     return bid
 
 

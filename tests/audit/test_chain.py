@@ -94,3 +94,50 @@ def test_inserted_event_is_detected_and_named():
     assert not report.ok
     assert report.first_bad_seq == forged.seq + len(events) - 2
     assert "edited" in report.problem or "link" in report.problem
+
+
+def test_a_batch_appends_its_events_in_one_go_in_the_order_recorded(django_assert_num_queries):
+    before = chainkit.events(2)
+    with transaction.atomic():
+        # The test's savepoint pair, then the chain lock, the head and one INSERT.
+        with django_assert_num_queries(5), transaction.atomic(), audit.batch():
+            for i in range(3):
+                audit.record(actor="test", action="test.batched", object_id=i, after={"i": i})
+    batched = list(AuditEvent.objects.filter(action="test.batched").order_by("seq"))
+    assert [e.object_id for e in batched] == ["0", "1", "2"]
+    assert [e.seq for e in batched] == [before[-1].seq + 1, before[-1].seq + 2, before[-1].seq + 3]
+    assert batched[0].prev_hash == before[-1].hash
+    assert chain_verify().ok
+
+
+def test_a_batch_that_raises_appends_nothing():
+    chainkit.events(1)
+    count = AuditEvent.objects.count()
+    with pytest.raises(RuntimeError), transaction.atomic(), audit.batch():
+        audit.record(actor="test", action="test.batched")
+        raise RuntimeError("the change failed")
+    assert AuditEvent.objects.count() == count
+    assert chain_verify().ok
+
+
+def test_an_event_under_a_savepoint_that_rolls_back_inside_a_batch_is_not_appended():
+    with transaction.atomic(), audit.batch():
+        audit.record(actor="test", action="test.kept", object_id=1)
+        try:
+            with transaction.atomic():
+                audit.record(actor="test", action="test.undone")
+                raise RuntimeError("this part failed and was caught")
+        except RuntimeError:
+            pass
+        audit.record(actor="test", action="test.kept", object_id=2)
+    assert list(AuditEvent.objects.order_by("seq").values_list("action", flat=True)) == [
+        "test.kept",
+        "test.kept",
+    ]
+    assert chain_verify().ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batch_outside_a_transaction_is_refused():
+    with pytest.raises(audit.AuditError, match="inside the transaction"), audit.batch():
+        pass

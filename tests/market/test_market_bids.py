@@ -8,6 +8,7 @@ import pytest
 from django.http import Http404
 
 from audit.models import AuditEvent
+from audit.selectors import chain_verify
 from market.errors import MarketError
 from market.models import Bid, BidLimit
 from market.services import (
@@ -55,6 +56,28 @@ def test_bid_place_moves_exactly_the_escrow_from_available_to_escrow(market, tea
     assert dict(bid.limits.values_list("tier__slug", "price")) == {"a100": 3000, "h100": 5000}
     event = AuditEvent.objects.get(action="bid.place", object_id=str(bid.pk))
     assert event.after["escrow"] == 10_000 and event.tenant_id == tenant.pk
+    assert ledger_verify() == []
+
+
+def test_bid_place_takes_a_pinned_number_of_statements(market, team, django_assert_max_num_queries):
+    tenant, user = team
+    # As the API authenticates it: the user with its membership and tenant.
+    user = type(user).objects.select_related("membership__tenant").get(pk=user.pk)
+    # Tiers, the round lock, budgets, the bid, its limits, both accounts found and locked,
+    # the transfer, its entries, both balances, then one append to the audit chain (lock,
+    # head, both events); and the test transaction's savepoint pair around it all.
+    with django_assert_max_num_queries(14):
+        bid = bid_place(
+            user=user, tenant=tenant, round=market.round, quantity=1, limits={"a100": 2000}, now=T0
+        )
+    hold = Transfer.objects.get(kind="hold", reference=f"bid:{bid.pk}")
+    events = list(AuditEvent.objects.order_by("-seq")[:2])[::-1]
+    assert [(e.action, e.object_id) for e in events] == [
+        ("ledger.hold", str(hold.pk)),
+        ("bid.place", str(bid.pk)),
+    ]
+    assert events[1].seq == events[0].seq + 1 and events[1].prev_hash == events[0].hash
+    assert chain_verify().ok
     assert ledger_verify() == []
 
 
