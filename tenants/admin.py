@@ -4,7 +4,7 @@ goes through the ledger service with a reason, like every other movement of cred
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
 
 from core.errors import DomainError
@@ -92,7 +92,7 @@ class TenantAdmin(admin.ModelAdmin):
         return None
 
     def grant_view(self, request, pk):
-        tenant = Tenant.objects.get(pk=pk)
+        tenant = get_object_or_404(Tenant, pk=pk)
         form = GrantForm(request.POST or None, tenant=tenant)
         if request.method == "POST" and form.is_valid():
             try:

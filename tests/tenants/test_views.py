@@ -227,6 +227,15 @@ def test_admin_grant_page_uses_the_staff_grant_form(client, lab):
     assert balance_get(tenant=tenant).available == 102_500
 
 
+def test_the_admin_grant_page_of_a_missing_tenant_is_a_404(client, lab):
+    tenant, _, _ = lab
+    client.raise_request_exception = False
+    client.force_login(factories.admin_user())
+    url = reverse("admin:tenants_tenant_grant", args=[tenant.pk + 1000])
+    assert client.get(url).status_code == 404
+    assert client.post(url, {"amount": "3", "reason": "x"}).status_code == 404
+
+
 def test_403_and_404_pages_are_the_sites_own_and_say_what_happened(client, lab, settings):
     _, _, researcher = lab
     settings.DEBUG = False
