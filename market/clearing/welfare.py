@@ -160,7 +160,8 @@ def _bundles_first(
     N = a.n_tenants
     tol = 1e-7 * (1.0 + np.abs(target))
     utility = np.bincount(a.arc_tenant, weights=a.arc_price * x0, minlength=N)
-    need = utility < target - tol
+    short = utility < target - tol
+    need = short | _displaced(market, om, x0, short, bundle, utility, target - tol)
     seconds = 0.0
     for _ in range(N):
         fixed = np.where(need[a.arc_tenant], bundle, 0.0)
@@ -176,5 +177,51 @@ def _bundles_first(
         short = (utility < target - tol) & ~need
         if not short.any():
             return x, minimal_prices(rest, free), seconds
-        need |= short
+        need |= short | _displaced(market, rest, free, short, bundle, utility, target - tol)
     return None
+
+
+def _displaced(
+    market: Market,
+    rest: OpenMarket,
+    free: np.ndarray,
+    joining: np.ndarray,
+    bundle: np.ndarray,
+    utility: np.ndarray,
+    floor: np.ndarray,
+) -> np.ndarray:
+    """Tenants (N,) bool, not joining, that the joining tenants' bundles will likely push
+    below ``floor`` in the next pass, so that they join now rather than one pass later.
+
+    A first-order forecast from the allocation ``free`` of the market ``rest``: the bundles
+    leave that market; the joining tenants' bids keep what still fits in their room; on each
+    tier the GPUs that no longer fit are taken from the winners of least surplus (later ids
+    first), who are assumed not to move to another tier. Repeated with the tenants it finds
+    until it finds no more. A wrong forecast costs surplus (a tenant takes its bundle), never
+    a guarantee: the pass that follows checks every tenant again."""
+    a = market.arrays
+    N = a.n_tenants
+    found = np.zeros(N, dtype=bool)
+    new = joining
+    for _ in range(8):
+        gone = joining | found
+        take = np.where(gone[a.arc_tenant], bundle, 0.0)
+        flow = np.bincount(a.arc_bid, weights=free, minlength=a.n_bids)
+        room = rest.bid_room - np.bincount(a.arc_bid, weights=take, minlength=a.n_bids)
+        fits = np.clip(np.divide(room, flow, out=np.ones(a.n_bids), where=flow > EPS), 0.0, 1.0)
+        x = free * np.where(gone[a.arc_tenant], fits[a.arc_bid], 1.0)
+        T = rest.tier_room.size
+        tier_room = rest.tier_room - np.bincount(a.arc_tier, weights=take, minlength=T)
+        over = np.maximum(np.bincount(a.arc_tier, weights=x, minlength=T) - tier_room, 0.0)
+        won = np.flatnonzero((x > EPS) & (over[a.arc_tier] > EPS) & ~gone[a.arc_tenant])
+        won = won[np.lexsort((-a.arc_bid[won], rest.arc_price[won], a.arc_tier[won]))]
+        tier = a.arc_tier[won]
+        before = np.cumsum(x[won]) - x[won]
+        starts = np.searchsorted(tier, tier)  # first winner of the same tier (sorted by tier)
+        lost = np.clip(over[tier] - (before - before[starts]), 0.0, x[won])
+        loss = np.bincount(a.arc_tenant[won], weights=a.arc_price[won] * lost, minlength=N)
+        new = (utility - loss < floor) & ~gone
+        if not new.any():
+            break
+        found |= new
+    return found
