@@ -17,6 +17,7 @@ its minimum is dropped to 0, which no hard constraint forbids.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,55 +39,104 @@ def round_whole(
     T, B, G, N = m.tier_room.size, m.bid_room.size, m.group_room.size, guarantee.size
     xi = np.floor(x + EPS)
     frac = x - xi
-    bid_left = m.bid_room - np.bincount(m.arc_bid, weights=xi, minlength=B)
-    tier_left = m.tier_room - np.bincount(m.arc_tier, weights=xi, minlength=T)
     capped = m.arc_capped >= 0
-    group_left = m.group_room - np.bincount(m.arc_capped[capped], weights=xi[capped], minlength=G)
-    utility = np.bincount(arc_tenant, weights=arc_value * xi, minlength=N)
-
-    candidates = np.flatnonzero(frac > EPS)
-    # Per tenant, its candidate arcs in the order it would take them.
-    candidates = candidates[
-        np.lexsort((m.arc_tier[candidates], m.arc_bid[candidates], -frac[candidates]))
-    ]
-    by_tenant: dict[int, list[int]] = {}
-    for e in candidates.tolist():
-        by_tenant.setdefault(int(arc_tenant[e]), []).append(e)
-    while by_tenant and tier_left.max(initial=0.0) >= 1.0 - EPS:
-        below = np.where(guarantee > EPS, utility / np.maximum(guarantee, EPS), np.inf)
-        score = priority(utility)
-        tenants = np.array(sorted(by_tenant))
-        order = tenants[np.lexsort((tenants, -score[tenants], np.minimum(below[tenants], 1.0)))]
-        given = False
-        for i in order.tolist():
-            arcs = by_tenant[i]
-            for k, e in enumerate(arcs):
-                g = m.arc_capped[e]
-                if (
-                    bid_left[m.arc_bid[e]] >= 1.0 - EPS
-                    and tier_left[m.arc_tier[e]] >= 1.0 - EPS
-                    and (g < 0 or group_left[g] >= 1.0 - EPS)
-                ):
-                    xi[e] += 1.0
-                    bid_left[m.arc_bid[e]] -= 1.0
-                    tier_left[m.arc_tier[e]] -= 1.0
-                    if g >= 0:
-                        group_left[g] -= 1.0
-                    utility[i] += arc_value[e]
-                    del arcs[k]
-                    given = True
-                    break
-            # Arcs with no room left now will have none later either: drop them.
-            by_tenant[i] = [
-                e
-                for e in arcs
-                if bid_left[m.arc_bid[e]] >= 1.0 - EPS and tier_left[m.arc_tier[e]] >= 1.0 - EPS
-            ]
-            if not by_tenant[i]:
-                del by_tenant[i]
-        if not given:
+    # Candidate arcs, grouped by tenant, each tenant's in the order it would take them.
+    arc = np.flatnonzero(frac > EPS)
+    arc = arc[np.lexsort((m.arc_tier[arc], m.arc_bid[arc], -frac[arc], arc_tenant[arc]))]
+    s = _State(
+        xi=xi,
+        bid_left=m.bid_room - np.bincount(m.arc_bid, weights=xi, minlength=B),
+        tier_left=m.tier_room - np.bincount(m.arc_tier, weights=xi, minlength=T),
+        group_left=m.group_room
+        - np.bincount(m.arc_capped[capped], weights=xi[capped], minlength=G),
+        utility=np.bincount(arc_tenant, weights=arc_value * xi, minlength=N),
+        arc=arc,
+        owner=arc_tenant[arc],
+        taken=np.zeros(arc.size, dtype=bool),
+    )
+    while arc.size and s.tier_left.max(initial=0.0) >= 1.0 - EPS:
+        rank = _rank(s.utility, guarantee, priority(s.utility))
+        if not _one_pass(m, s, arc_value=arc_value, rank=rank):
             break
     total = np.bincount(m.arc_bid, weights=xi, minlength=B)
     drop = (gang_min > 0) & (total < gang_min - EPS)
     xi[drop[m.arc_bid]] = 0.0
     return xi
+
+
+@dataclass(frozen=True)
+class _State:
+    """What the passes change, in place."""
+
+    xi: np.ndarray  # (E,) whole GPUs per arc
+    bid_left: np.ndarray  # (B,) room left
+    tier_left: np.ndarray  # (T,)
+    group_left: np.ndarray  # (G,)
+    utility: np.ndarray  # (N,) value of xi to each tenant
+    arc: np.ndarray  # (C,) candidate arcs, grouped by tenant, in the order it takes them
+    owner: np.ndarray  # (C,) the tenant of each candidate
+    taken: np.ndarray  # (C,) bool, the candidate already got its GPU
+
+
+def _rank(utility: np.ndarray, guarantee: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """(N,) each tenant's place in a pass: furthest below its guarantee, then priority, then
+    index."""
+    below = np.where(guarantee > EPS, utility / np.maximum(guarantee, EPS), np.inf)
+    order = np.lexsort((np.arange(utility.size), -score, np.minimum(below, 1.0)))
+    rank = np.empty(utility.size, dtype=np.int64)
+    rank[order] = np.arange(utility.size)
+    return rank
+
+
+def _one_pass(m: OpenMarket, s: _State, *, arc_value: np.ndarray, rank: np.ndarray) -> bool:
+    """One GPU to each tenant that can take one, in ``rank`` order; True if any was given.
+
+    Bids and share-cap groups belong to one tenant, which takes at most one GPU a pass, so
+    only tier room is contested within a pass. Each tenant's first arc with room is found
+    for all tenants at once; the grants are accepted in rank order up to the first that
+    would overfill a tier, that tier is closed, and the tenants from there on choose again
+    (at most one round per tier).
+    """
+    room = np.floor(s.tier_left + EPS)
+    done = np.zeros(rank.size, dtype=bool)  # tenants served or passed over in this pass
+    given = False
+    while True:
+        g = m.arc_capped[s.arc]
+        group_ok = g < 0
+        group_ok[~group_ok] = s.group_left[g[~group_ok]] >= 1.0 - EPS
+        ok = (
+            ~s.taken
+            & ~done[s.owner]
+            & group_ok
+            & (s.bid_left[m.arc_bid[s.arc]] >= 1.0 - EPS)
+            & (room[m.arc_tier[s.arc]] >= 1.0)
+        )
+        pick = np.flatnonzero(ok)
+        if pick.size == 0:
+            return given
+        # The first arc of each tenant (candidates are grouped by tenant, in its order).
+        pick = pick[np.r_[True, s.owner[pick][1:] != s.owner[pick][:-1]]]
+        pick = pick[np.argsort(rank[s.owner[pick]], kind="stable")]
+        tier = m.arc_tier[s.arc[pick]]
+        # k-th grant on its tier, in rank order (1-based).
+        order = np.argsort(tier, kind="stable")
+        count = np.empty(pick.size, dtype=np.int64)
+        starts = np.r_[0, np.flatnonzero(np.diff(tier[order])) + 1]
+        lengths = np.diff(np.r_[starts, order.size])
+        count[order] = np.arange(order.size) - np.repeat(starts, lengths) + 1
+        over = np.flatnonzero(count > room[tier])
+        stop = over[0] if over.size else pick.size
+        k = pick[:stop]
+        e = s.arc[k]
+        s.xi[e] += 1.0
+        s.taken[k] = True
+        done[s.owner[k]] = True
+        np.subtract.at(s.bid_left, m.arc_bid[e], 1.0)
+        np.subtract.at(s.tier_left, m.arc_tier[e], 1.0)
+        np.subtract.at(room, m.arc_tier[e], 1.0)
+        c = m.arc_capped[e]
+        np.subtract.at(s.group_left, c[c >= 0], 1.0)
+        np.add.at(s.utility, s.owner[k], arc_value[e])
+        given = given or stop > 0
+        if stop == pick.size:
+            return given
