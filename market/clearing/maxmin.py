@@ -61,12 +61,15 @@ def _stages(
     # a mixed-integer search would only spend its time limit proving it.
     hopeless = not relax and not market.divisible and counted.size > market.tier_room.sum()
     if counted.size and not hopeless:
-        first = p.maximise([(tau, 1.0)], time_limit=time_limit, relax=relax)
-        seconds += first.seconds
-        if first.status == "no_solution":
-            return np.zeros(sk.cols.size), 0.0, "fallback", seconds
-        status = first.status
-        tau_star = float(first["tau"][0])
+        if (relax or market.divisible) and _split_is_best(sk, v=v, e=e, held=held, market=market):
+            tau_star = 1.0
+        else:
+            first = p.maximise([(tau, 1.0)], time_limit=time_limit, relax=relax)
+            seconds += first.seconds
+            if first.status == "no_solution":
+                return np.zeros(sk.cols.size), 0.0, "fallback", seconds
+            status = first.status
+            tau_star = float(first["tau"][0])
         p.bounds(tau, lo=max(0.0, tau_star - 1e-7 * max(1.0, tau_star)))
     second = p.maximise([(x, v[sk.cols])], time_limit=time_limit, relax=relax)
     seconds += second.seconds
@@ -75,6 +78,25 @@ def _stages(
     if second.status != "optimal":
         status = second.status
     return np.clip(second["x"], 0.0, None), tau_star, status, seconds
+
+
+def _split_is_best(
+    sk: Skeleton, *, v: np.ndarray, e: np.ndarray, held: np.ndarray, market: Market
+) -> bool:
+    """True when stage 1's optimum is tau* = 1, proven without solving it (fractional GPUs).
+
+    tau >= 1 is always feasible: the tenants' fractional equal-split bundles (the bundles
+    that define e_i) fit together, as the shares of a tier sum to at most its capacity, and
+    they meet every guarantee (g_i <= e_i). And tau <= 1 when some counted tenant's whole
+    remaining demand, valued at its best tier for each bid, is worth no more than e_i: it
+    cannot get more than that. That is common in large rounds (a tenant with a bid or two
+    that its split covers), and it saves stage 1, an LP as large as stage 2.
+    """
+    a = market.arrays
+    best = np.zeros(a.n_bids)
+    np.maximum.at(best, a.arc_bid[sk.cols], v[sk.cols])
+    most = held + np.bincount(a.bid_tenant, weights=best * market.bid_room, minlength=a.n_tenants)
+    return bool(((e > EPS) & (e >= most * (1.0 - 1e-9))).any())
 
 
 def _worst_ratio(
