@@ -29,6 +29,8 @@ DATE_TICKS = "%b %d %H:%M"
 # The share of rounds a normal band of +/- BAND_Z standard deviations holds (95 % for 1.96),
 # so the legend says what the band means without the statistics.
 BAND_SHARE = 100 * math.erf(BAND_Z / math.sqrt(2))
+# Supply/demand prices spread wider than this (highest / lowest above zero) go on a log axis.
+LOG_SPREAD = 100
 
 
 def _credits(milli: int | float) -> float:
@@ -92,13 +94,25 @@ def supply_demand(
     Supply: the reserve price up to the capacity offered.
     """
     xs, ys = demand_steps(bids)
+    levels = [*ys, _credits(reserve), _credits(price or 0)]
+    positive = [y for y in levels if y > 0]
+    # A few bids far above the rest (a limit set sky-high to be sure of winning) would flatten
+    # every other price at zero on a linear axis: past this spread the axis is logarithmic,
+    # with zero drawn at its floor, so nothing is clipped and nothing squashed.
+    log = bool(positive) and max(positive) > LOG_SPREAD * min(positive)
+    if log:
+        floor = min(positive) / 1.5
+        ys = [max(y, floor) for y in ys]
+    else:
+        floor = 0.0
     # Fitted to the prices shown, however small; 1 credit only when every price is zero.
-    top = (max([*ys, _credits(reserve), _credits(price or 0)]) or 1.0) * 1.15
+    top = (max(levels) or 1.0) * 1.15
+    supply_from = max(_credits(reserve), floor)
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
             x=xs or [0],
-            y=ys or [0],
+            y=ys or [max(floor, 0.0) or 0],
             mode="lines",
             name="Demand (bid limits; a multi-tier bid split evenly over its tiers)",
             line={"width": 3},
@@ -107,7 +121,7 @@ def supply_demand(
     fig.add_trace(
         go.Scatter(
             x=[0, capacity, capacity],
-            y=[_credits(reserve), _credits(reserve), top],
+            y=[supply_from, supply_from, top],
             mode="lines",
             name=f"Supply ({capacity} GPUs from reserve {_credits(reserve):g})",
             line={"dash": "dash", "width": 3},
@@ -117,17 +131,25 @@ def supply_demand(
         fig.add_trace(
             go.Scatter(
                 x=[0, max(capacity, xs[-1] if xs else 0)],
-                y=[_credits(price), _credits(price)],
+                y=[max(_credits(price), floor)] * 2,
                 mode="lines",
                 name=f"Clearing price {_credits(price):g}",
                 line={"dash": "dot"},
             )
         )
+    yaxis = (
+        {
+            "type": "log",
+            "range": [math.log10(floor), math.log10(top)],
+            "title": {"text": "Credits per GPU-hour (log scale)"},
+        }
+        if log
+        else {"range": [0, top], "title": {"text": "Credits per GPU-hour"}}
+    )
     fig.update_layout(
         title=f"Supply and demand — {tier}",
         xaxis_title="GPUs",
-        yaxis_title="Credits per GPU-hour",
-        yaxis_range=[0, top],
+        yaxis=yaxis,
         # Room right of the capacity line so the vertical part of supply stays visible.
         xaxis_range=[0, max(capacity, xs[-1] if xs else 0, 1) * 1.1],
         **_LAYOUT,

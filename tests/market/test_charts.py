@@ -59,7 +59,9 @@ def test_supply_and_demand_at_tiny_prices_fill_the_chart():
 
 def test_supply_and_demand_at_large_prices_are_not_clipped():
     fig = supply_demand(tier="a100", bids=[(9 * 10**9, 2)], capacity=4, reserve=10**6, price=None)
-    assert fig.layout.yaxis.range[1] >= 9 * 10**6
+    axis = fig.layout.yaxis
+    top = 10 ** axis.range[1] if axis.type == "log" else axis.range[1]
+    assert top >= 9 * 10**6
 
 
 def test_the_demand_forecast_reads_as_dates_and_names_its_band_without_jargon():
@@ -83,3 +85,27 @@ def test_the_demand_forecast_reads_as_dates_and_names_its_band_without_jargon():
     names = [t.name for t in fig.data if t.showlegend is not False]
     assert "Likely range (95 % of rounds)" in names
     assert not any("σ" in n or "sigma" in n for n in names)
+
+
+def test_one_bid_far_above_the_rest_turns_supply_and_demand_to_a_log_axis_that_clips_nothing():
+    import math
+
+    fig = supply_demand(
+        tier="a100",
+        bids=[(10**9, 1), (3_000, 2), (2_500, 1)],  # one limit of a million credits
+        capacity=4,
+        reserve=2_000,
+        price=3_000,
+    )
+    axis = fig.layout.yaxis
+    assert axis.type == "log" and "log scale" in axis.title.text
+    low, high = axis.range  # log10 of credits
+    assert low <= math.log10(2.0) and high >= math.log10(1e6)  # reserve to the highest limit
+    assert all(y > 0 for trace in fig.data for y in trace.y)  # nothing lost off a log axis
+
+
+def test_bids_of_like_prices_keep_a_linear_axis_from_zero():
+    fig = supply_demand(
+        tier="a100", bids=[(3_000, 2), (2_500, 1)], capacity=4, reserve=0, price=2_500
+    )
+    assert fig.layout.yaxis.type in (None, "linear") and fig.layout.yaxis.range[0] == 0
