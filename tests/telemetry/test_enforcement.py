@@ -528,6 +528,8 @@ def test_allocation_the_round_already_finished_stays_finished(node, team, tier, 
 def test_the_team_is_told_when_work_is_stopped_at_the_windows_end_and_reads_ended_not_preempted(
     node, team, tier, now, client
 ):
+    from django.utils.html import escape
+
     from market.services import round_finish
 
     stopped = allocation_make(
@@ -555,3 +557,7 @@ def test_the_team_is_told_when_work_is_stopped_at_the_windows_end_and_reads_ende
     assert '<td class="status-preempted">Ended (work stopped)</td>' in listing
     assert '<td class="status-finished">Ended</td>' in listing
     assert "Preempted" not in listing
+    # Its page says why: the stop directive with its reason.
+    (action,) = EnforcementAction.objects.filter(allocation=stopped)
+    detail = client.get(f"/fleet/allocations/{stopped.pk}/").content.decode()
+    assert "Ended (work stopped)" in detail and escape(action.reason) in detail
