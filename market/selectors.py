@@ -6,7 +6,7 @@ from collections import defaultdict
 from datetime import UTC, date, datetime
 from typing import Any
 
-from django.db.models import Count, Prefetch, QuerySet, Sum
+from django.db.models import Count, Prefetch, QuerySet, Sum, prefetch_related_objects
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -101,10 +101,21 @@ def tiers_all() -> QuerySet[Tier]:
     return Tier.objects.order_by("slug")
 
 
-def _with_limits(qs: QuerySet[Bid]) -> QuerySet[Bid]:
-    return qs.select_related("round", "author", "campaign").prefetch_related(
-        Prefetch("limits", queryset=BidLimit.objects.select_related("tier").order_by("tier__slug"))
+def _limits() -> Prefetch:
+    return Prefetch(
+        "limits", queryset=BidLimit.objects.select_related("tier").order_by("tier__slug")
     )
+
+
+def _with_limits(qs: QuerySet[Bid]) -> QuerySet[Bid]:
+    return qs.select_related("round", "author", "campaign").prefetch_related(_limits())
+
+
+def bid_limits_load(*, bid: Bid) -> Bid:
+    """A bid in hand (one just placed) with its limits loaded as ``bids_with_limits`` loads
+    them: one query, instead of reading the bid again."""
+    prefetch_related_objects([bid], _limits())
+    return bid
 
 
 def bids_with_limits() -> QuerySet[Bid]:

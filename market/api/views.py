@@ -28,6 +28,7 @@ from market.api.serializers import (
 from market.models import Allocation, Bid, Round
 from market.selectors import (
     allocations_with_tier,
+    bid_limits_load,
     bids_with_limits,
     policy_active_get,
     round_find,
@@ -139,9 +140,9 @@ class BidViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             qs = qs.filter(round_id=filters["round"])
         return qs
 
-    def _answer(self, bid: Bid, code: int = status.HTTP_200_OK) -> Response:
+    def _answer(self, bid: Bid) -> Response:
         fresh = self.base_queryset().get(pk=bid.pk)
-        return Response(BidSerializer(fresh).data, status=code)
+        return Response(BidSerializer(fresh).data)
 
     @extend_schema(parameters=[BidFilterSerializer], summary="The tenant's bids")
     def list(self, request, *args, **kwargs):
@@ -168,7 +169,10 @@ class BidViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             idempotency_key=request.headers.get("Idempotency-Key") or None,
             note=data["note"],
         )
-        return self._answer(bid, status.HTTP_201_CREATED)
+        # The bid in hand is what was written; only its limits are read back.
+        return Response(
+            BidSerializer(bid_limits_load(bid=bid)).data, status=status.HTTP_201_CREATED
+        )
 
     def _round(self, round_id: int) -> Round:
         rnd = round_find(round_id=round_id)

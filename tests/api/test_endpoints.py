@@ -404,3 +404,16 @@ def test_errors_never_carry_html(world):
     response = api.get("/api/v1/allocations/abc")
     assert response.status_code == 404
     assert response["Content-Type"] == "application/json"
+
+
+def test_placing_a_bid_answers_what_was_stored_in_a_pinned_number_of_statements(
+    world, django_assert_max_num_queries
+):
+    api = world.a.client()
+    post(api, "/api/v1/bids", bid_body(world))  # the token's first use is recorded once
+    # The token, the round, bid_place (its 12 statements, 4 more to sum the tenant's one
+    # budget, the savepoint pair in a test) and the limits read back for the answer.
+    with django_assert_max_num_queries(21):
+        placed = post(api, "/api/v1/bids", bid_body(world, note="pinned"))
+    assert placed.status_code == 201, placed.content
+    assert api.get(f"/api/v1/bids/{placed.json()['id']}").json() == placed.json()
