@@ -67,22 +67,25 @@ def _tenant_transfers(budget: Budget) -> QuerySet[Transfer]:
     return qs
 
 
-def _sum(qs: QuerySet[Transfer]) -> int:
-    return qs.aggregate(s=Sum("amount"))["s"] or 0
+def _sum(where: Q) -> Sum:
+    return Sum("amount", filter=where, default=0)
 
 
 def budget_usage(*, budget: Budget, at: datetime | None = None) -> BudgetUsage:
     at = at or timezone.now()
     start, end = window_bounds(budget=budget, at=at)
-    transfers = _tenant_transfers(budget)
-    in_window = transfers.filter(created_at__gte=start, created_at__lt=end)
-    spent = _sum(in_window.filter(kind=Transfer.Kind.CHARGE)) - _sum(
-        in_window.filter(kind=Transfer.Kind.REFUND)
+    in_window = Q(created_at__gte=start, created_at__lt=end)
+    Kind = Transfer.Kind
+    # One scan of the tenant's transfers for all four sums.
+    sums = _tenant_transfers(budget).aggregate(
+        charged=_sum(in_window & Q(kind=Kind.CHARGE)),
+        refunded=_sum(in_window & Q(kind=Kind.REFUND)),
+        held=_sum(Q(kind=Kind.HOLD)),
+        freed=_sum(Q(kind__in=[Kind.RELEASE, Kind.CHARGE])),
     )
+    spent = sums["charged"] - sums["refunded"]
     # Escrow still held (holds not yet released or charged), whenever it was placed.
-    held = _sum(transfers.filter(kind=Transfer.Kind.HOLD)) - _sum(
-        transfers.filter(kind__in=[Transfer.Kind.RELEASE, Transfer.Kind.CHARGE])
-    )
+    held = sums["held"] - sums["freed"]
     return BudgetUsage(
         budget=budget, window_start=start, window_end=end, spent=spent, held=max(held, 0)
     )

@@ -411,9 +411,9 @@ def test_placing_a_bid_answers_what_was_stored_in_a_pinned_number_of_statements(
 ):
     api = world.a.client()
     post(api, "/api/v1/bids", bid_body(world))  # the token's first use is recorded once
-    # The token, the round, bid_place (its 12 statements, 4 more to sum the tenant's one
-    # budget, the savepoint pair in a test) and the limits read back for the answer.
-    with django_assert_max_num_queries(21):
+    # The token, the round, bid_place (its 12 statements, one more to sum what the tenant's
+    # one budget has used, the savepoint pair in a test) and the limits read for the answer.
+    with django_assert_max_num_queries(18):
         placed = post(api, "/api/v1/bids", bid_body(world, note="pinned"))
     assert placed.status_code == 201, placed.content
     assert api.get(f"/api/v1/bids/{placed.json()['id']}").json() == placed.json()
