@@ -1,7 +1,9 @@
 """The API's exception handler (REST_FRAMEWORK["EXCEPTION_HANDLER"]).
 
-It lives in market because market is the highest app whose domain errors the API turns into
-4xx answers: MarketError and TenantError both become ``refused`` (400) with their message.
+Every app's domain error (core.errors.DomainError: MarketError, TenantError, TelemetryError,
+PlanningError) becomes ``refused`` (409) with its message, whichever app raised it: a service
+may pass on a refusal from another app, and an app's view catching only its own error would
+otherwise let it through as a 500 (tests/api/test_domain_errors.py).
 """
 
 from __future__ import annotations
@@ -9,13 +11,12 @@ from __future__ import annotations
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
-from market.errors import MarketError
+from core.errors import DomainError
 from tenants.api.errors import Refused, error_response, to_api_exception
-from tenants.errors import TenantError
 
 
 def api_exception_handler(exc: Exception, context: dict) -> Response | None:
-    if isinstance(exc, MarketError | TenantError):
+    if isinstance(exc, DomainError):
         exc = Refused(str(exc), fields=getattr(exc, "fields", None))
     api_exc = to_api_exception(exc)
     if api_exc is None:
