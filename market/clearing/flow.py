@@ -92,6 +92,7 @@ class WelfareNetwork:
     tails: np.ndarray  # the flow's arcs: the classes' own arcs, groups, tiers, source arcs
     heads: np.ndarray
     costs: np.ndarray
+    same_arcs: tuple[np.ndarray, np.ndarray]  # interchangeable(m), for fill_by_id
 
     @classmethod
     def of(cls, m: OpenMarket) -> WelfareNetwork | None:
@@ -103,7 +104,7 @@ class WelfareNetwork:
         use = np.flatnonzero((bid_room[m.arc_bid] > 0) & (profit > 0))
         use = use[np.lexsort((m.arc_tier[use], m.arc_bid[use]))]
         if use.size == 0:
-            return cls(m.arc_bid.size, use, None, use, use, use, use, use)
+            return cls(m.arc_bid.size, use, None, use, use, use, use, use, (use, use))
         bids = Classes.of(m, use, profit)
         rep = np.flatnonzero(bids.rep_arc == np.arange(use.size))  # the class's own arcs
         C = bids.room.size
@@ -136,7 +137,8 @@ class WelfareNetwork:
         costs = np.concatenate(
             [-profit[use[rep]], np.zeros(groups.size + T + C + 1, dtype=np.int64)]
         )
-        return cls(m.arc_bid.size, use, bids, rep, groups, tails, heads, costs)
+        same = interchangeable(m)
+        return cls(m.arc_bid.size, use, bids, rep, groups, tails, heads, costs, same)
 
     def solve(self, m: OpenMarket) -> np.ndarray | None:
         """GPUs per arc (E,) of a maximum-profit allocation of ``m`` (the market the network
@@ -168,7 +170,7 @@ class WelfareNetwork:
         class_flow = np.zeros(self.use.size)
         class_flow[self.rep] = flows[: self.rep.size]
         x[self.use] = bids.share_out(class_flow)
-        return fill_by_id(m, x)
+        return fill_by_id(m, x, self.same_arcs)
 
 
 def row_mix(columns: int) -> np.ndarray:
@@ -272,27 +274,43 @@ class Classes:
         return np.clip(np.minimum(hi_arc, hi_bid) - np.maximum(lo_arc, lo_bid), 0.0, None)
 
 
-def fill_by_id(m: OpenMarket, x: np.ndarray) -> np.ndarray:
-    """The same allocation with every class of interchangeable arcs (same tier, same capped
-    group, same profit) handed to its bids in id order: among equal limits the earlier bid
-    wins. Only classes that are partly filled change; each keeps its total, so the profit,
-    the tiers' and the groups' totals and every bid's room still hold."""
-    x = x.copy()
-    free = m.bid_room - np.bincount(m.arc_bid, weights=x, minlength=m.bid_room.size)
+def interchangeable(m: OpenMarket) -> tuple[np.ndarray, np.ndarray]:
+    """(arcs, starts): every arc ordered by tier, capped group, profit and bid, and where each
+    run of interchangeable arcs (same tier, capped group and profit) starts."""
     order = np.lexsort((m.arc_bid, m.arc_price, m.arc_capped, m.arc_tier))
     tier, capped, price = m.arc_tier[order], m.arc_capped[order], m.arc_price[order]
     same = (np.diff(tier) == 0) & (np.diff(capped) == 0) & (np.diff(price) == 0)
-    starts = np.flatnonzero(np.r_[True, ~same])
+    return order, np.flatnonzero(np.r_[True, ~same])
+
+
+def fill_by_id(
+    m: OpenMarket, x: np.ndarray, same_arcs: tuple[np.ndarray, np.ndarray] | None = None
+) -> np.ndarray:
+    """The same allocation with every class of interchangeable arcs (same tier, same capped
+    group, same profit) handed to its bids in id order: among equal limits the earlier bid
+    wins. Only classes that are partly filled change; each keeps its total, so the profit,
+    the tiers' and the groups' totals and every bid's room still hold. ``same_arcs``:
+    ``interchangeable(m)``, when it is already known."""
+    x = x.copy()
+    free = m.bid_room - np.bincount(m.arc_bid, weights=x, minlength=m.bid_room.size)
+    order, starts = interchangeable(m) if same_arcs is None else same_arcs
     ends = np.r_[starts[1:], order.size]
-    # Only a class with flow and a bid left short can be out of order.
-    flow_in = np.add.reduceat(x[order], starts)
-    short_in = np.add.reduceat(free[m.arc_bid[order]] > EPS, starts)
-    for k in np.flatnonzero((ends - starts > 1) & (flow_in > EPS) & (short_in > 0)).tolist():
-        arcs = order[starts[k] : ends[k]]
-        flow = x[arcs]
-        room = flow + free[m.arc_bid[arcs]]
-        before = np.cumsum(room) - room
-        take = np.clip(flow.sum() - before, 0.0, room)
-        free[m.arc_bid[arcs]] += flow - take
-        x[arcs] = take
+    # Only a class with flow and a bid left short can be out of order. Reordering one class
+    # can free a bid of another class, checked again in the next sweep; each change moves
+    # GPUs to earlier bids, so the sweeps end.
+    changed = True
+    while changed:
+        changed = False
+        flow_in = np.add.reduceat(x[order], starts)
+        short_in = np.add.reduceat(free[m.arc_bid[order]] > EPS, starts)
+        for k in np.flatnonzero((ends - starts > 1) & (flow_in > EPS) & (short_in > 0)).tolist():
+            arcs = order[starts[k] : ends[k]]
+            flow = x[arcs]
+            room = flow + free[m.arc_bid[arcs]]
+            before = np.cumsum(room) - room
+            take = np.clip(flow.sum() - before, 0.0, room)
+            if np.any(np.abs(take - flow) > EPS):
+                changed = True
+                free[m.arc_bid[arcs]] += flow - take
+                x[arcs] = take
     return x

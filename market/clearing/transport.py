@@ -100,8 +100,7 @@ class _Problem:
         self.tol = 1e-9 * (1.0 + float(np.abs(value).max()))
         self.room_tol = 1e-9 * (1.0 + float(max(quantity.max(), share.max())))
         # Entries: a cell's arcs, best value first, then bid id (arcs are in bid order).
-        by_value = np.argsort(-value, kind="stable")
-        self.entry = by_value[np.argsort(self.cell[by_value], kind="stable")]
+        self.entry = _order(self.cell, value, np.arange(value.size))
         # Moves: every ordered pair of a bid's arcs, per (tenant, from, to) best gain first.
         first, second = [], []
         for d in range(1, T):
@@ -113,9 +112,7 @@ class _Problem:
         move_from = np.concatenate(first) if first else np.zeros(0, dtype=np.int64)
         move_to = np.concatenate(second) if second else np.zeros(0, dtype=np.int64)
         gain = value[move_to] - value[move_from]
-        order = np.lexsort((move_from, -gain))  # by gain, then bid (then tier)
-        key = self.cell[move_from[order]] * T + tier[move_to[order]]
-        order = order[np.argsort(key, kind="stable")]
+        order = _order(self.cell[move_from] * T + tier[move_to], gain, move_from)
         self.move_from, self.move_to, self.move_gain = move_from[order], move_to[order], gain[order]
 
     def solve(self) -> tuple[np.ndarray, np.ndarray]:
@@ -217,6 +214,16 @@ class _Problem:
             np.subtract.at(y, np.concatenate(minus), amount[np.concatenate(minus_at)])
         np.subtract.at(bid_room, self.bid_row[entry_arc], amount)
         cell_room[exit_cell] -= amount  # one exit per tenant
+
+
+def _order(key: np.ndarray, gain: np.ndarray, tie: np.ndarray) -> np.ndarray:
+    """Indices sorted by key, then gain from the highest, then tie (all >= 0): one sort of
+    a combined integer key where it fits in 63 bits, else a lexsort."""
+    levels, rank = np.unique(-gain, return_inverse=True)
+    span = [int(key.max(initial=0)) + 1, levels.size, int(tie.max(initial=0)) + 1]
+    if span[0] * span[1] * span[2] < 2**62:
+        return np.argsort((key * span[1] + rank.ravel()) * span[2] + tie)
+    return np.lexsort((tie, rank, key))
 
 
 @dataclass(frozen=True)

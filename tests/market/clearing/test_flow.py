@@ -12,7 +12,7 @@ from market.clearing import Bid, Instance, Tenant, Tier, clear, flow, guarantee
 from market.clearing.colgen import solve_welfare
 from market.clearing.inputs import instance_arrays
 from market.clearing.prices import minimal_prices
-from market.clearing.rules import build_market, open_market
+from market.clearing.rules import OpenMarket, build_market, open_market
 from tests.market.clearing.test_clearing_properties import instances
 
 
@@ -153,6 +153,23 @@ def test_a_bid_that_is_full_elsewhere_is_skipped_in_the_id_order():
 
     assert x.tolist() == [2, 0, 2]  # arcs: b0/a100, b0/h100, b1/h100
     assert flow.fill_by_id(om, np.array([2, 0, 2.0])).tolist() == [2, 0, 2]
+
+
+def test_a_bid_freed_by_reordering_one_tier_is_served_first_on_another():
+    # Every limit equal; b0 bids on t1, b1 on t0 and t1, b2 on t0; one GPU each. The solver
+    # gave t0 to b2 and t1 to b1. In id order t1 goes to b0, which frees b1, and then t0 goes
+    # to b1 before b2 (found by hypothesis: t0 was once checked only before b1 was freed).
+    om = OpenMarket(
+        arc_bid=np.array([0, 1, 1, 2]),
+        arc_tier=np.array([1, 0, 1, 0]),
+        arc_capped=np.full(4, -1),
+        arc_price=np.ones(4),
+        bid_room=np.ones(3),
+        group_room=np.zeros(0),
+        tier_room=np.array([1.0, 1.0]),
+    )
+    x = flow.fill_by_id(om, np.array([0, 0, 1, 1.0]))
+    assert x.tolist() == [1, 1, 0, 0]
 
 
 def test_limits_in_milli_credits_as_the_platform_sends_them_go_to_the_flow():
