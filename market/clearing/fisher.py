@@ -43,10 +43,8 @@ from .values import tenant_values
 
 # The objective is a budget-weighted mean of logs (weights sum to 1), so a duality gap of
 # 1e-6 relative is far below what one whole GPU changes. At the default 1e-8 the solver
-# stalls near 1e-7 on 100k-bid instances and ends "almost solved". The supernodal
-# factorisation (faer) takes about half the time of the default (qdldl) on these problems:
-# 0.70 s against 1.33 s at 10k bids, 47 s against 69 s at 100k (2 loaded cores).
-CLARABEL_OPTIONS = {"tol_gap_abs": 1e-7, "tol_gap_rel": 1e-6, "direct_solve_method": "faer"}
+# stalls near 1e-7 on 100k-bid instances and ends "almost solved".
+CLARABEL_OPTIONS = {"tol_gap_abs": 1e-7, "tol_gap_rel": 1e-6}
 # Tried in turn when one fails or ends without a usable answer (seen on a 1,181-job replay):
 # the interior-point solver with looser gaps and more iterations, then a first-order one.
 SOLVER_ATTEMPTS = (
