@@ -193,35 +193,65 @@ def _displaced(
     """Tenants (N,) bool, not joining, that the joining tenants' bundles will likely push
     below ``floor`` in the next pass, so that they join now rather than one pass later.
 
-    A first-order forecast from the allocation ``free`` of the market ``rest``: the bundles
-    leave that market; the joining tenants' bids keep what still fits in their room; on each
-    tier the GPUs that no longer fit are taken from the winners of least surplus (later ids
-    first), who are assumed not to move to another tier. Repeated with the tenants it finds
-    until it finds no more. A wrong forecast costs surplus (a tenant takes its bundle), never
-    a guarantee: the pass that follows checks every tenant again."""
+    A forecast from the allocation ``free`` of the market ``rest``: the bundles leave that
+    market and the joining tenants' bids keep what still fits in their room; then, a few
+    times, on each tier the GPUs that no longer fit are taken from the winners of least
+    surplus (later ids first), and each bid that lost GPUs moves them to its other tier of
+    best surplus above that tier's least winning surplus (if the tier is full). Repeated
+    with the tenants it finds until it finds no more. A wrong forecast costs surplus (a
+    tenant takes its bundle), never a guarantee: the pass that follows checks every tenant
+    again."""
     a = market.arrays
     N = a.n_tenants
+    T = rest.tier_room.size
     found = np.zeros(N, dtype=bool)
-    new = joining
+    held = np.bincount(a.arc_tenant, weights=a.arc_price * free, minlength=N)
+    flow = np.bincount(a.arc_bid, weights=free, minlength=a.n_bids)
     for _ in range(8):
         gone = joining | found
         take = np.where(gone[a.arc_tenant], bundle, 0.0)
-        flow = np.bincount(a.arc_bid, weights=free, minlength=a.n_bids)
         room = rest.bid_room - np.bincount(a.arc_bid, weights=take, minlength=a.n_bids)
         fits = np.clip(np.divide(room, flow, out=np.ones(a.n_bids), where=flow > EPS), 0.0, 1.0)
         x = free * np.where(gone[a.arc_tenant], fits[a.arc_bid], 1.0)
-        T = rest.tier_room.size
         tier_room = rest.tier_room - np.bincount(a.arc_tier, weights=take, minlength=T)
-        over = np.maximum(np.bincount(a.arc_tier, weights=x, minlength=T) - tier_room, 0.0)
-        won = np.flatnonzero((x > EPS) & (over[a.arc_tier] > EPS) & ~gone[a.arc_tenant])
-        won = won[np.lexsort((-a.arc_bid[won], rest.arc_price[won], a.arc_tier[won]))]
-        tier = a.arc_tier[won]
-        before = np.cumsum(x[won]) - x[won]
-        starts = np.searchsorted(tier, tier)  # first winner of the same tier (sorted by tier)
-        lost = np.clip(over[tier] - (before - before[starts]), 0.0, x[won])
-        loss = np.bincount(a.arc_tenant[won], weights=a.arc_price[won] * lost, minlength=N)
-        new = (utility - loss < floor) & ~gone
+        x = _settle(rest, x, tier_room)
+        keep = np.bincount(a.arc_tenant, weights=a.arc_price * x, minlength=N)
+        new = (utility - held + keep < floor) & ~gone
         if not new.any():
             break
         found |= new
     return found
+
+
+def _settle(rest: OpenMarket, x: np.ndarray, tier_room: np.ndarray, rounds: int = 3):
+    """``x`` fitted into ``tier_room`` the crude way ``_displaced`` forecasts with."""
+    T = tier_room.size
+    x = x.copy()
+    for _ in range(rounds):
+        over = np.maximum(np.bincount(rest.arc_tier, weights=x, minlength=T) - tier_room, 0.0)
+        if over.max(initial=0.0) <= EPS:
+            break
+        won = np.flatnonzero((x > EPS) & (over[rest.arc_tier] > EPS))
+        won = won[np.lexsort((-rest.arc_bid[won], rest.arc_price[won], rest.arc_tier[won]))]
+        tier = rest.arc_tier[won]
+        before = np.cumsum(x[won]) - x[won]
+        starts = np.searchsorted(tier, tier)  # first winner of the same tier (sorted by tier)
+        lost = np.clip(over[tier] - (before - before[starts]), 0.0, x[won])
+        x[won] -= lost
+        out = np.zeros(x.size)
+        out[won] = lost
+        # Where a lost GPU can go: a tier with room, or above the least surplus winning there.
+        winning = x > EPS
+        least = np.full(T, np.inf)
+        np.minimum.at(least, rest.arc_tier[winning], rest.arc_price[winning])
+        full = np.bincount(rest.arc_tier, weights=x, minlength=T) >= tier_room - EPS
+        bar = np.where(full, least, 0.0)
+        moving = np.bincount(rest.arc_bid, weights=out, minlength=rest.bid_room.size)
+        to = np.flatnonzero(
+            (moving[rest.arc_bid] > EPS) & (out <= EPS) & (rest.arc_price > bar[rest.arc_tier])
+        )
+        gain = rest.arc_price[to] - bar[rest.arc_tier[to]]
+        to = to[np.lexsort((-gain, rest.arc_bid[to]))]
+        to = to[np.r_[True, rest.arc_bid[to][1:] != rest.arc_bid[to][:-1]]] if to.size else to
+        x[to] += moving[rest.arc_bid[to]]
+    return x
