@@ -47,7 +47,14 @@ def _quotas(instance: Instance, a: Arrays, divisible: bool) -> dict[tuple[int, i
 
 
 def _whole_quantities(instance: Instance) -> None:
-    for bid in sorted(instance.bids, key=lambda b: b.id):
+    # Only the bids at fault are sorted (the message names the first by id): sorting every
+    # bid took 0.2 s at 100k bids.
+    at_fault = [
+        bid
+        for bid in instance.bids
+        if bid.quantity != int(bid.quantity) or bid.min_quantity != int(bid.min_quantity)
+    ]
+    for bid in sorted(at_fault, key=lambda b: b.id):
         for field in ("quantity", "min_quantity"):
             value = getattr(bid, field)
             if value != int(value):

@@ -264,6 +264,17 @@ def test_whole_gpu_mode_refuses_fractional_quantities():
     assert clear(inst, divisible=True).allocations[0].gpus == 1.5
 
 
+def test_the_first_fractional_bid_by_id_is_named_whatever_the_order_of_the_list():
+    bids = (
+        Bid("c", "x", 2.5, {"a": 5}),
+        Bid("a", "x", 1, {"a": 5}),
+        Bid("b", "x", 2, {"a": 5}, min_quantity=1.5),
+    )
+    inst = Instance(tiers=(Tier("a", 4),), tenants=(Tenant("x"),), bids=bids)
+    with pytest.raises(ClearingError, match=r"bid 'b'\.min_quantity: 1\.5 is not a whole"):
+        clear(inst)
+
+
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
 def test_a_gang_sits_on_one_tier(mechanism):
     inst = Instance(
