@@ -289,27 +289,30 @@ def bid_edit(
     }
     if difference > 0:
         _budget_or_refuse(tenant=tenant, amount=difference, campaign=bid.campaign, now=now)
-        _ledger(credits_hold, amount=difference, reason=f"bid {bid.pk} raised", **common)
-    elif difference < 0:
-        _ledger(credits_release, amount=-difference, reason=f"bid {bid.pk} lowered", **common)
-    bid.quantity, bid.min_quantity, bid.escrow = terms.quantity, terms.min_quantity, escrow
-    bid.save(update_fields=["quantity", "min_quantity", "escrow", "updated_at"])
-    if terms.limits != old_limits:
-        bid.limits.all().delete()
-        BidLimit.objects.bulk_create(
-            [
-                BidLimit(bid=bid, tier=terms.tiers[slug], price=price)
-                for slug, price in terms.limits.items()
-            ]
+    # The ledger's event (if escrow moves) and bid.edit go into the chain in one append.
+    with audit.batch():
+        if difference > 0:
+            _ledger(credits_hold, amount=difference, reason=f"bid {bid.pk} raised", **common)
+        elif difference < 0:
+            _ledger(credits_release, amount=-difference, reason=f"bid {bid.pk} lowered", **common)
+        bid.quantity, bid.min_quantity, bid.escrow = terms.quantity, terms.min_quantity, escrow
+        bid.save(update_fields=["quantity", "min_quantity", "escrow", "updated_at"])
+        if terms.limits != old_limits:
+            bid.limits.all().delete()
+            BidLimit.objects.bulk_create(
+                [
+                    BidLimit(bid=bid, tier=terms.tiers[slug], price=price)
+                    for slug, price in terms.limits.items()
+                ]
+            )
+        audit.record(
+            actor=user,
+            action="bid.edit",
+            target=bid,
+            tenant=tenant,
+            before=before,
+            after=_snapshot(bid, terms.limits),
         )
-    audit.record(
-        actor=user,
-        action="bid.edit",
-        target=bid,
-        tenant=tenant,
-        before=before,
-        after=_snapshot(bid, terms.limits),
-    )
     return bid
 
 

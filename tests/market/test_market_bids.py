@@ -81,6 +81,26 @@ def test_bid_place_takes_a_pinned_number_of_statements(market, team, django_asse
     assert ledger_verify() == []
 
 
+def test_bid_edit_that_moves_escrow_appends_its_two_events_at_once(
+    market, team, django_assert_max_num_queries
+):
+    tenant, user = team
+    user = type(user).objects.select_related("membership__tenant").get(pk=user.pk)
+    bid = bid_place(
+        user=user, tenant=tenant, round=market.round, quantity=1, limits={"a100": 2000}, now=T0
+    )
+    # The bid found, the round and the bid locked, its limits, tiers, budgets, the accounts
+    # locked, transfer, entries, balances, the bid saved, one append to the chain (lock,
+    # head, both events); and the test transaction's savepoint pair.
+    with django_assert_max_num_queries(16):
+        bid_edit(user=user, tenant=tenant, bid_id=bid.pk, quantity=2, now=T0)
+    events = list(AuditEvent.objects.order_by("-seq")[:2])[::-1]
+    assert [e.action for e in events] == ["ledger.hold", "bid.edit"]
+    assert balance_get(tenant=tenant).escrow == 4_000
+    assert chain_verify().ok
+    assert ledger_verify() == []
+
+
 @pytest.mark.parametrize(
     ("quantity", "price", "seconds", "expected"),
     [(1, 1000, 3600, 1000), (1, 1000, 1200, 334), (3, 7, 600, 4), (2, 1, 1, 1)],
