@@ -31,9 +31,10 @@ def guarantee_bundles(
 
     With reserved quotas, the value of the tenant's quota. Otherwise the best bundle within
     the tenant's entitled shares and its non-gang demand: a transport problem per tenant,
-    solved greedily for tenants with one such bid and as min-cost flows for the others (an
-    LP where the data are not whole numbers: divisible mode, values finer than a
-    milli-credit).
+    solved greedily for tenants with one such bid and, for the others, all at once by
+    longest augmenting paths (transport.py; exact for any data, whole bundles from whole
+    shares), with an LP per chunk of tenants only for a tenant that path search left
+    unsolved.
     """
     a = market.arrays
     N = a.n_tenants
