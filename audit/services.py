@@ -59,7 +59,9 @@ def batch() -> Iterator[None]:
     Must run inside the transaction of the change; if the block raises, nothing is appended
     (and the transaction rolls back). Blocks may nest; the outermost one appends. An event
     recorded under a savepoint opened inside the block is appended at once instead, so that
-    it rolls back with its savepoint.
+    it rolls back with its savepoint; it then stands in the chain before the events the block
+    recorded earlier. An event recorded inside the block has no seq, hash or pk until the
+    block ends.
     """
     connection = transaction.get_connection()
     if not connection.in_atomic_block:
