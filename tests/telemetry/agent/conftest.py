@@ -69,10 +69,19 @@ class Children:
             start_new_session=True,
         )
         # Popen returns once exec has begun, but the kernel sets the new program's environment
-        # up a moment later: /proc/PID/environ reads empty in between (seen in CI). The agent
-        # reads it again next interval; a test that reads it once waits for it here.
-        _wait_until(lambda: bool(environ_read(child.pid)))
-        return self.add(child)
+        # up a moment later: /proc/PID/environ reads empty, or without the variables given
+        # here, in between (both seen in CI). The agent reads it again next interval; a test
+        # that reads it once waits here until the child's own environment shows.
+        self.add(child)
+        wanted = env or {}
+
+        def environment_shows() -> bool:
+            seen = environ_read(child.pid) or {}
+            return bool(seen) and all(seen.get(key) == value for key, value in wanted.items())
+
+        if not _wait_until(environment_shows):
+            raise AssertionError(f"child {child.pid}'s environment never showed {sorted(wanted)}")
+        return child
 
     def cleanup(self) -> None:
         for child in self.started:

@@ -76,8 +76,8 @@ def test_something_that_is_not_a_job_id_never_reaches_the_command_line(scontrol)
 
 
 def test_without_a_job_the_directive_fails():
-    # (scontrol is looked up before anything else, so stand one in.)
-    result = SlurmExecutor(scontrol="true").apply(directive("pause"), observed={})
+    # (the tools are looked up before anything else, so stand them in.)
+    result = SlurmExecutor(scontrol="true", scancel="true").apply(directive("pause"), observed={})
 
     assert result.outcome == "failed"
     assert "no Slurm job" in result.detail
