@@ -13,7 +13,8 @@ import os
 from celery import shared_task
 
 from market import clearing
-from market.clearing.io import instance_from_json
+from market.clearing.columns import arrays_from_json
+from market.clearing.partition import clear_part
 from market.errors import MarketError
 from market.services import round_process, rounds_tick
 
@@ -56,12 +57,14 @@ FAIL_PART_ENV = "GPUMARKET_TEST_FAIL_PART"
 
 
 @shared_task(name="market.clear_part", ignore_result=False)
-def clear_part_task(instance: dict, index: int) -> dict:
-    """Clear one part of a partitioned round (pure: no database) and return its result."""
+def clear_part_task(part: dict, index: int) -> dict:
+    """Clear one part of a partitioned round (pure: no database) and return its result. The
+    part comes as columns (market/clearing/columns.py), checked before it is cleared, and its
+    result goes back as columns (partition.part_result_to_json)."""
     if str(index) in os.environ.get(FAIL_PART_ENV, "").split(","):
         raise clearing.ClearingError(f"part {index}: failed on purpose ({FAIL_PART_ENV})")
-    sub, mechanism, params = instance_from_json(instance)
-    return clearing.clear(sub, mechanism=mechanism, params=params).to_json()
+    arrays, mechanism, params, quotas = arrays_from_json(part)
+    return clear_part(arrays, mechanism=mechanism, params=params, quotas=quotas)
 
 
 @shared_task(

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ClearingError, SolverError
-from .inputs import Arrays, Bid, Instance, Tenant, Tier, instance_arrays
+from .inputs import Arrays, Bid, Instance, Tenant, Tier, _finite_nonneg, instance_arrays
 from .mechanisms import MECHANISMS, mechanism_params
 from .metrics import envy_count, jain, tenant_matrix
 from .result import Allocation, Result
@@ -30,20 +30,49 @@ __all__ = [
     "Tenant",
     "Tier",
     "clear",
+    "clear_arrays",
 ]
 
 
-def _quotas(instance: Instance, a: Arrays, divisible: bool) -> dict[tuple[int, int], float]:
-    if instance.quotas == "by_weight":
+def _quotas(
+    setting: Mapping[str, Mapping[str, float]] | str, a: Arrays, divisible: bool
+) -> dict[tuple[int, int], float]:
+    """The quotas setting in indices. Tenants and tiers the arrays do not hold are left out
+    (a part of a partitioned round holds some of the tenants)."""
+    if setting == "by_weight":
         return weight_quotas(a, divisible=divisible)
+    if not isinstance(setting, Mapping) or not all(
+        isinstance(r, Mapping) for r in setting.values()
+    ):
+        raise ClearingError('quotas: must be "by_weight" or {tenant: {tier: GPUs}}')
     tenants = {name: i for i, name in enumerate(a.tenant_names)}
     tiers = {name: t for t, name in enumerate(a.tier_names)}
-    return {
-        (tenants[tenant], tiers[tier]): float(gpus)
-        for tenant, row in instance.quotas.items()
-        for tier, gpus in row.items()
-        if gpus > 0
-    }
+    quotas = {}
+    for tenant, row in setting.items():
+        for tier, gpus in row.items():
+            gpus = _finite_nonneg(gpus, f"quotas.{tenant}.{tier}", "GPUs ")
+            if gpus > 0 and tenant in tenants and tier in tiers:
+                quotas[tenants[tenant], tiers[tier]] = gpus
+    return quotas
+
+
+def _whole_arrays(a: Arrays) -> None:
+    """The arrays' form of _whole_quantities: bids are in id order, so the first at fault is
+    the first by id."""
+    at_fault = np.flatnonzero(
+        (a.quantity != np.floor(a.quantity)) | (a.min_quantity != np.floor(a.min_quantity))
+    )
+    if at_fault.size:
+        b = int(at_fault[0])
+        field, value = next(
+            (field, value)
+            for field, value in (("quantity", a.quantity[b]), ("min_quantity", a.min_quantity[b]))
+            if value != int(value)
+        )
+        raise ClearingError(
+            f"bid {a.bid_ids[b]!r}.{field}: {value:g} is not a whole number of GPUs; "
+            "round it, or clear divisibly"
+        )
 
 
 def _whole_quantities(instance: Instance) -> None:
@@ -83,7 +112,42 @@ def clear(
     if not divisible:
         _whole_quantities(instance)
     arrays = instance_arrays(instance)
-    market = build_market(arrays, divisible=divisible, quotas=_quotas(instance, arrays, divisible))
+    quotas = _quotas(instance.quotas, arrays, divisible)
+    return _clear(arrays, quotas, mechanism, chosen, divisible, start)
+
+
+def clear_arrays(
+    arrays: Arrays,
+    *,
+    mechanism: str = "welfare",
+    params: Mapping[str, Any] | None = None,
+    divisible: bool = False,
+    quotas: Mapping[str, Mapping[str, float]] | str | None = None,
+) -> Result:
+    """``clear`` of an instance already in arrays (``instance_arrays``, a part of a
+    partitioned round, or ``columns.arrays_from_json``): the same result, without a pass over
+    bid objects. ``quotas`` is the instance's setting by name; names not in the arrays are
+    left out."""
+    start = time.perf_counter()
+    if not isinstance(arrays, Arrays):
+        raise ClearingError("arrays: must be a market.clearing.inputs.Arrays")
+    chosen = mechanism_params(mechanism, params)
+    if not divisible:
+        _whole_arrays(arrays)
+    return _clear(
+        arrays, _quotas(quotas or {}, arrays, divisible), mechanism, chosen, divisible, start
+    )
+
+
+def _clear(
+    arrays: Arrays,
+    quotas: dict[tuple[int, int], float],
+    mechanism: str,
+    chosen: dict[str, Any],
+    divisible: bool,
+    start: float,
+) -> Result:
+    market = build_market(arrays, divisible=divisible, quotas=quotas)
     outcome = MECHANISMS[mechanism].run(market, chosen)
 
     a = arrays

@@ -12,6 +12,9 @@ solved as a smaller copy of the whole problem. Here:
   parts are balanced by bids even when tenants differ in size;
 - each tier's GPUs are split as evenly as whole GPUs allow, in proportion to the bids each
   part holds;
+- the split works on the instance's arrays (``instance_arrays``), not on bid objects: a part
+  is the arrays of its tenants, cleared by ``clear_arrays`` and sent to a worker as columns
+  (``columns.py``), so a million bids are never a million Python objects on the way;
 - each part has its own clearing price per tier, and each winner pays its own part's price
   (never above its limit). The combined ``prices`` are each tier's GPU-weighted mean price;
   ``diagnostics["part_prices"]`` lists every part's.
@@ -22,116 +25,208 @@ a GPU that went unsold or to a lower bid in another). ``bench/clearing.py --part
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from .errors import ClearingError
-from .inputs import Instance, Tier
+from .inputs import Arrays
 from .result import Allocation, Result
 
 # Below this many bids the exact clear is the default; above it the platform may partition.
 EXACT_BELOW_BIDS = 100_000
 
-Clear = Callable[[Instance], Result]
+# A part's clear: its arrays in, ``part_result_to_json`` of its result out (the same JSON
+# whether the part was cleared here or by a worker).
+ClearPart = Callable[[Arrays], dict[str, Any]]
 
 
-def partition(instance: Instance, parts: int, *, seed: int = 0) -> tuple[Instance, ...]:
-    """Split ``instance`` into ``parts`` sub-instances (see the module docstring)."""
+@dataclass(frozen=True)
+class Part:
+    arrays: Arrays
+    tenants: np.ndarray  # (N_part,) index of each of its tenants in the whole
+    bids: np.ndarray  # (B_part,) index of each of its bids in the whole
+
+
+def partition(arrays: Arrays, parts: int, *, seed: int = 0) -> tuple[Arrays, ...]:
+    """Split ``arrays`` into ``parts`` sub-instances (see the module docstring)."""
+    return tuple(part.arrays for part in split(arrays, parts, seed=seed))
+
+
+def split(arrays: Arrays, parts: int, *, seed: int = 0) -> list[Part]:
+    """The parts of ``arrays``, each with the indices of its tenants and bids in the whole."""
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
         raise ClearingError(f"parts: must be a whole number >= 1, got {parts!r}")
-    bids_of: dict[str, list] = {t.name: [] for t in instance.tenants}
-    for bid in instance.bids:
-        bids_of[bid.tenant].append(bid)
-    bidding = [t for t in instance.tenants if bids_of[t.name]]
-    parts = max(1, min(parts, len(bidding)))
+    a = arrays
+    bids_per_tenant = np.bincount(a.bid_tenant, minlength=a.n_tenants)
+    bidding = np.flatnonzero(bids_per_tenant)
+    parts = max(1, min(parts, int(bidding.size)))
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(bidding))
+    shuffled = bidding[rng.permutation(bidding.size)]
     # Largest first, dealt to the lightest part: balanced by bids, random among equals.
-    order = sorted(order, key=lambda i: -len(bids_of[bidding[i].name]))
-    load = [0] * parts
-    members: list[list] = [[] for _ in range(parts)]
-    for i in order:
-        p = min(range(parts), key=load.__getitem__)
-        members[p].append(bidding[i])
-        load[p] += len(bids_of[bidding[i].name])
-    total = sum(load)
-    subs = []
-    for p, tenants in enumerate(members):
-        names = {t.name for t in tenants}
-        quotas = instance.quotas
-        if not isinstance(quotas, str):
-            quotas = {k: v for k, v in quotas.items() if k in names}
-        subs.append(
-            Instance(
-                tiers=tuple(
-                    replace(tier, capacity=_share_of(tier, load, p, total))
-                    for tier in instance.tiers
-                ),
-                tenants=tuple(tenants),
-                bids=tuple(b for t in tenants for b in bids_of[t.name]),
-                quotas=quotas,
-            )
-        )
-    return tuple(subs)
+    order = shuffled[np.argsort(-bids_per_tenant[shuffled], kind="stable")]
+    part_of = np.full(a.n_tenants, -1, dtype=np.int64)
+    lightest = [(0, p) for p in range(parts)]  # (bids so far, part): ties to the lower part
+    for tenant, count in zip(order.tolist(), bids_per_tenant[order].tolist(), strict=True):
+        load, p = heapq.heappop(lightest)
+        part_of[tenant] = p
+        heapq.heappush(lightest, (load + count, p))
+    load = np.bincount(part_of[bidding], weights=bids_per_tenant[bidding], minlength=parts)
+    total = int(load.sum())
+    return [_part(a, part_of == p, _shares(a.capacity, load, p, total)) for p in range(parts)]
 
 
-def _share_of(tier: Tier, load: Sequence[int], part: int, total: int) -> int:
-    """Whole GPUs of ``tier`` for ``part``, proportional to its bids (largest remainders)."""
-    if total == 0:
-        return tier.capacity if part == 0 else 0
-    exact = np.array(load, dtype=float) * tier.capacity / total
-    whole = np.floor(exact).astype(int)
-    short = tier.capacity - int(whole.sum())
-    # Ties go to the lower part index, so the split is deterministic.
-    extra = np.argsort(-(exact - whole), kind="stable")[:short]
-    whole[extra] += 1
-    return int(whole[part])
-
-
-def combine(instance: Instance, subs: Sequence[Instance], results: Sequence[Result]) -> Result:
-    """One result from the parts' results: allocations, charges and spend side by side."""
-    if len(subs) != len(results):
-        raise ClearingError(f"combine: {len(results)} results for {len(subs)} parts")
-    tier_order = {t.name: i for i, t in enumerate(instance.tiers)}
-    allocations = sorted(
-        (a for r in results for a in r.allocations), key=lambda a: (a.bid, tier_order[a.tier])
+def _part(a: Arrays, tenants: np.ndarray, capacity: np.ndarray) -> Part:
+    """The arrays of the tenants marked in ``tenants`` (a mask), with ``capacity``; the order
+    of tenants, bids and arcs is kept, so the part is sorted as ``instance_arrays`` sorts."""
+    new_tenant = np.cumsum(tenants) - 1
+    bids = tenants[a.bid_tenant]
+    new_bid = np.cumsum(bids) - 1
+    arcs = bids[a.arc_bid]
+    bid_index = np.flatnonzero(bids)
+    sub = replace(
+        a,
+        tenant_names=tuple(a.tenant_names[i] for i in np.flatnonzero(tenants).tolist()),
+        bid_ids=tuple(a.bid_ids[b] for b in bid_index.tolist()),
+        capacity=capacity,
+        weight=a.weight[tenants],
+        budget=a.budget[tenants],
+        bid_tenant=new_tenant[a.bid_tenant[bid_index]],
+        quantity=a.quantity[bid_index],
+        min_quantity=a.min_quantity[bid_index],
+        mixed_tiers=a.mixed_tiers[bid_index],
+        arc_bid=new_bid[a.arc_bid[arcs]],
+        arc_tier=a.arc_tier[arcs],
+        arc_price=a.arc_price[arcs],
     )
-    charges = {bid: c for r in results for bid, c in r.charges.items()}
-    spend = {t.name: 0.0 for t in instance.tenants}
-    for r in results:
-        for tenant, s in r.spend.items():
-            spend[tenant] += s
-    part_prices = {t.name: [r.prices[t.name] for r in results] for t in instance.tiers}
-    sold = {t.name: [0.0] * len(results) for t in instance.tiers}
-    for p, r in enumerate(results):
-        for a in r.allocations:
-            sold[a.tier][p] += a.gpus
-    prices = {}
-    for tier in instance.tiers:
-        gpus = np.array(sold[tier.name])
-        ps = np.array(part_prices[tier.name])
-        prices[tier.name] = float(gpus @ ps / gpus.sum()) if gpus.sum() > 0 else float(ps.min())
-    used = {t.name: sum(sold[t.name]) for t in instance.tiers}
-    diags = [r.diagnostics for r in results]
+    return Part(arrays=sub, tenants=np.flatnonzero(tenants), bids=bid_index)
+
+
+def _shares(capacity: np.ndarray, load: np.ndarray, part: int, total: int) -> np.ndarray:
+    """Whole GPUs of every tier for ``part``, proportional to its bids (largest remainders)."""
+    if total == 0:
+        return capacity.copy() if part == 0 else np.zeros_like(capacity)
+    out = np.empty_like(capacity)
+    for t, gpus in enumerate(capacity.tolist()):
+        exact = load * gpus / total
+        whole = np.floor(exact)
+        short = int(round(gpus - whole.sum()))
+        # Ties go to the lower part index, so the split is deterministic.
+        extra = np.argsort(-(exact - whole), kind="stable")[:short]
+        whole[extra] += 1
+        out[t] = whole[part]
+    return out
+
+
+def clear_part(
+    part: Arrays,
+    *,
+    mechanism: str,
+    params: Mapping[str, Any] | None = None,
+    quotas: Mapping[str, Mapping[str, float]] | str | None = None,
+) -> dict[str, Any]:
+    """Clear one part and return its result as ``combine`` takes it (what a worker runs)."""
+    from . import clear_arrays
+
+    result = clear_arrays(part, mechanism=mechanism, params=params, quotas=quotas)
+    return part_result_to_json(result, part)
+
+
+def part_result_to_json(result: Result, part: Arrays) -> dict[str, Any]:
+    """A part's result as it goes back from a worker: allocations, charges and spend as
+    columns of the part's own indices (not one object per allocation)."""
+    bid_index = dict(zip(part.bid_ids, range(part.n_bids), strict=True))
+    tier_index = {name: t for t, name in enumerate(part.tier_names)}
+    won = result.allocations
+    return {
+        "allocations": {
+            "bid": list(map(bid_index.__getitem__, (a.bid for a in won))),
+            "tier": list(map(tier_index.__getitem__, (a.tier for a in won))),
+            "gpus": [a.gpus for a in won],
+        },
+        "charges": {
+            "bid": list(map(bid_index.__getitem__, result.charges)),
+            "amount": list(result.charges.values()),
+        },
+        "prices": [result.prices[name] for name in part.tier_names],
+        "spend": [result.spend.get(name, 0.0) for name in part.tenant_names],
+        "diagnostics": {k: v for k, v in result.diagnostics.items() if k != "spend"},
+    }
+
+
+def combine(arrays: Arrays, parts: Sequence[Part], results: Sequence[Mapping[str, Any]]) -> Result:
+    """One result from the parts' results (``part_result_to_json``): allocations, charges
+    and spend side by side, in the whole's order."""
+    if len(parts) != len(results):
+        raise ClearingError(f"combine: {len(results)} results for {len(parts)} parts")
+    a, T = arrays, arrays.n_tiers
+    try:
+        bid = np.concatenate(
+            [
+                p.bids[np.asarray(r["allocations"]["bid"], dtype=np.int64)]
+                for p, r in _pairs(parts, results)
+            ]
+        )
+        tier = np.concatenate(
+            [np.asarray(r["allocations"]["tier"], dtype=np.int64) for r in results]
+        )
+        gpus = [g for r in results for g in r["allocations"]["gpus"]]
+        charged = np.concatenate(
+            [
+                p.bids[np.asarray(r["charges"]["bid"], dtype=np.int64)]
+                for p, r in _pairs(parts, results)
+            ]
+        )
+        amounts = [c for r in results for c in r["charges"]["amount"]]
+        part_prices = np.array([r["prices"] for r in results], dtype=float).reshape(-1, T)
+        spend = np.zeros(a.n_tenants)
+        for p, r in _pairs(parts, results):
+            spend[p.tenants] += np.asarray(r["spend"], dtype=float)
+        diags = [r["diagnostics"] for r in results]
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ClearingError(f"combine: a part's result is not as a part writes it ({exc})") from exc
+    order = np.lexsort((tier, bid))
+    gpus_sorted = [gpus[i] for i in order.tolist()]
+    allocations = tuple(
+        map(
+            Allocation._make,
+            zip(
+                [a.bid_ids[b] for b in bid[order].tolist()],
+                [a.tier_names[t] for t in tier[order].tolist()],
+                gpus_sorted,
+                strict=True,
+            ),
+        )
+    )
+    charges = dict(zip([a.bid_ids[b] for b in charged.tolist()], amounts, strict=True))
+    sold = np.zeros((len(results), T))
+    part_index = np.repeat(np.arange(len(results)), [len(r["allocations"]["bid"]) for r in results])
+    np.add.at(sold, (part_index, tier), np.asarray(gpus, dtype=float))
+    total = sold.sum(axis=0)
+    combined = np.where(
+        total > 0,
+        np.divide((sold * part_prices).sum(axis=0), total, out=np.zeros(T), where=total > 0),
+        part_prices.min(axis=0),
+    )
+    utilisation = np.divide(total, a.capacity, out=np.zeros(T), where=a.capacity > 0)
     ratios = [d["min_share_ratio"] for d in diags if d.get("min_share_ratio") is not None]
     statuses = {d["status"] for d in diags}
+    spend_by_name = dict(zip(a.tenant_names, spend.tolist(), strict=True))
     diagnostics: dict[str, Any] = {
         "mechanism": diags[0]["mechanism"] if diags else "",
         "status": "optimal" if statuses <= {"optimal"} else ",".join(sorted(statuses)),
         "divisible": bool(diags and diags[0]["divisible"]),
         "partitioned": True,
         "parts": len(results),
-        "part_bids": [len(s.bids) for s in subs],
+        "part_bids": [p.arrays.n_bids for p in parts],
         "part_seconds": [d["total_seconds"] for d in diags],
-        "part_prices": part_prices,
+        "part_prices": {name: part_prices[:, t].tolist() for t, name in enumerate(a.tier_names)},
         "welfare": float(sum(d["welfare"] for d in diags)),
-        "utilisation": {
-            t.name: (used[t.name] / t.capacity if t.capacity else 0.0) for t in instance.tiers
-        },
+        "utilisation": dict(zip(a.tier_names, utilisation.tolist(), strict=True)),
         # Fairness figures are those of each part (a tenant is compared with the tenants of
         # its own part): the worst part's ratio, and the sums of unmet guarantees and envy.
         "jain": min((d["jain"] for d in diags), default=1.0),
@@ -139,34 +234,40 @@ def combine(instance: Instance, subs: Sequence[Instance], results: Sequence[Resu
         "guarantees_unmet": sum(d["guarantees_unmet"] for d in diags),
         "envy_violations": sum(d["envy_violations"] for d in diags),
         "rounding_loss": float(sum(d["rounding_loss"] for d in diags)),
-        "spend": spend,
+        "spend": spend_by_name,
     }
     return Result(
-        allocations=tuple(Allocation(*a) for a in allocations),
-        prices=prices,
+        allocations=allocations,
+        prices=dict(zip(a.tier_names, combined.tolist(), strict=True)),
         charges=charges,
-        spend=spend,
+        spend=spend_by_name,
         diagnostics=diagnostics,
     )
 
 
+def _pairs(parts: Sequence[Part], results: Sequence[Mapping[str, Any]]):
+    return zip(parts, results, strict=True)
+
+
 def clear_partitioned(
-    instance: Instance,
+    arrays: Arrays,
     *,
     parts: int,
-    clear_part: Clear,
-    map_parts: Callable[[Clear, Iterable[Instance]], Iterable[Result]] = map,
+    clear_part: ClearPart,
+    map_parts: Callable[[ClearPart, Iterable[Arrays]], Iterable[Mapping[str, Any]]] = map,
     seed: int = 0,
 ) -> Result:
     """Partition, clear each part with ``clear_part`` (run by ``map_parts``: the built-in map,
     a process pool's, or a Celery group's), and combine. A part that fails fails the whole
     clear: nothing of the other parts is returned."""
     start = time.perf_counter()
-    subs = partition(instance, parts, seed=seed)
-    results = list(map_parts(clear_part, subs))
-    combined = combine(instance, subs, results)
+    pieces = split(arrays, parts, seed=seed)
+    split_seconds = time.perf_counter() - start
+    results = list(map_parts(clear_part, [p.arrays for p in pieces]))
+    combined = combine(arrays, pieces, results)
     diagnostics: Mapping[str, Any] = {
         **combined.diagnostics,
+        "split_seconds": split_seconds,
         "total_seconds": time.perf_counter() - start,
     }
     return replace(combined, diagnostics=diagnostics)

@@ -17,9 +17,9 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from django.conf import settings
 
 from market import clearing
-from market.clearing.io import instance_to_json
-from market.clearing.partition import clear_partitioned
-from market.clearing.result import Result
+from market.clearing.columns import arrays_to_json
+from market.clearing.inputs import Arrays
+from market.clearing.partition import clear_part, clear_partitioned
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +32,18 @@ def partition_parts(n_bids: int) -> int:
 
 
 def clear_in_parts(
-    instance: clearing.Instance, *, mechanism: str, params: Mapping[str, Any] | None, parts: int
+    arrays: Arrays,
+    *,
+    mechanism: str,
+    params: Mapping[str, Any] | None,
+    quotas: Mapping[str, Mapping[str, float]] | str,
+    parts: int,
 ) -> clearing.Result:
-    def clear_here(sub: clearing.Instance) -> clearing.Result:
-        return clearing.clear(sub, mechanism=mechanism, params=params)
 
-    def on_workers(_clear: object, subs: Iterable[clearing.Instance]) -> list[clearing.Result]:
+    def clear_here(sub: Arrays) -> dict[str, Any]:
+        return clear_part(sub, mechanism=mechanism, params=params, quotas=quotas)
+
+    def on_workers(_clear: object, subs: Iterable[Arrays]) -> list[dict[str, Any]]:
         subs = list(subs)
         if not current_app.conf.result_backend:
             # The embedded broker has no result backend: clear the parts here, one by one.
@@ -46,7 +52,9 @@ def clear_in_parts(
         from market.tasks import clear_part_task
 
         job = group(
-            clear_part_task.s(instance_to_json(sub, mechanism=mechanism, params=params), index)
+            clear_part_task.s(
+                arrays_to_json(sub, mechanism=mechanism, params=params, quotas=quotas), index
+            )
             for index, sub in enumerate(subs)
         ).apply_async()
         timeout = settings.GPUMARKET_PARTITION_TIMEOUT_SECONDS
@@ -64,6 +72,6 @@ def clear_in_parts(
             raise clearing.ClearingError(f"a part of the partitioned clear failed: {exc}") from exc
         finally:
             job.forget()
-        return [Result.from_json(payload) for payload in payloads]
+        return payloads
 
-    return clear_partitioned(instance, parts=parts, clear_part=clear_here, map_parts=on_workers)
+    return clear_partitioned(arrays, parts=parts, clear_part=clear_here, map_parts=on_workers)

@@ -19,6 +19,7 @@ from django.db import transaction
 
 import audit.services as audit
 from market import clearing
+from market.clearing.inputs import MAX_AMOUNT, Arrays
 from market.diagnostics import JAIN, UTILISATION, diagnostic
 from market.errors import MarketError
 from market.models import Bid, BidLimit, PolicyVersion, Round, Tier
@@ -173,14 +174,16 @@ def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
         )
     params = dict(policy.params or {})
     quotas = _quotas(params.pop(QUOTAS_PARAM, None), data=data)
-    instance = _instance(data=data, policy=policy, reserves=reserves, quotas=quotas)
+    arrays = _arrays(data=data, policy=policy, reserves=reserves)
     parts = partition_parts(int(data.bid_ids.size))
     if parts > 1:
         result = clear_in_parts(
-            instance, mechanism=policy.mechanism, params=params or None, parts=parts
+            arrays, mechanism=policy.mechanism, params=params or None, quotas=quotas, parts=parts
         )
     else:
-        result = clearing.clear(instance, mechanism=policy.mechanism, params=params or None)
+        result = clearing.clear_arrays(
+            arrays, mechanism=policy.mechanism, params=params or None, quotas=quotas
+        )
     return _outcome(result=result, data=data, reserves=reserves, mechanism=policy.mechanism)
 
 
@@ -215,54 +218,50 @@ def _tenant_name(pk: int) -> str:
     return f"tenant-{pk}"
 
 
-def _instance(
-    *, data: RoundData, policy: PolicyVersion, reserves: np.ndarray, quotas: dict | str
-) -> clearing.Instance:
-    """The solver's instance, in milli-credits (the solver is unit-free; its prices come back
-    in the same unit). A tenant's budget is the escrow its bids hold, per window hour."""
+def _arrays(*, data: RoundData, policy: PolicyVersion, reserves: np.ndarray) -> Arrays:
+    """The solver's instance as arrays, in milli-credits (the solver is unit-free; its prices
+    come back in the same unit), built from the round's arrays without an object per bid: the
+    same arrays ``instance_arrays`` makes of the instance these rows describe (tenants in name
+    order, bids in id order, arcs by (bid, tier) with those below the reserve left out). A
+    tenant's budget is the escrow its bids hold, per window hour."""
     hours = data.seconds / 3600
     tenant_ids, tenant_of_bid = np.unique(data.tenant_ids, return_inverse=True)
     budgets = (
         np.bincount(tenant_of_bid, weights=data.escrow.astype(float), minlength=tenant_ids.size)
         / hours
     )
-    tiers = tuple(
-        clearing.Tier(
-            name=slug,
-            capacity=int(data.capacity[i]),
-            reserve_price=int(reserves[i]),
-            max_share=policy.max_share_for(slug) / 100,
-        )
-        for i, slug in enumerate(data.tier_slugs)
+    names = [_tenant_name(pk) for pk in tenant_ids.tolist()]
+    by_name = np.array(sorted(range(len(names)), key=names.__getitem__), dtype=np.int64)
+    rank = np.empty_like(by_name)
+    rank[by_name] = np.arange(by_name.size)
+    weights = np.array(
+        [float(data.tenant_weights.get(pk, 1)) for pk in tenant_ids.tolist()], dtype=float
     )
-    tenants = tuple(
-        clearing.Tenant(
-            name=_tenant_name(int(pk)),
-            weight=float(data.tenant_weights.get(int(pk), 1)),
-            budget=float(budget),
-        )
-        for pk, budget in zip(tenant_ids, budgets, strict=True)
+    arc_bid, arc_tier = np.nonzero(data.limits)  # row-major: in (bid, tier) order
+    arc_price = data.limits[arc_bid, arc_tier].astype(float)
+    keep = arc_price >= reserves[arc_tier]
+    arrays = Arrays(
+        tier_names=tuple(data.tier_slugs),
+        tenant_names=tuple(names[i] for i in by_name.tolist()),
+        bid_ids=tuple(map(_bid_name, data.bid_ids.tolist())),
+        capacity=data.capacity.astype(float),
+        reserve=reserves.astype(float),
+        cap_share=np.array([policy.max_share_for(s) / 100 for s in data.tier_slugs], dtype=float),
+        weight=weights[by_name],
+        budget=budgets[by_name],
+        bid_tenant=rank[tenant_of_bid].astype(np.int64),
+        quantity=data.quantity.astype(float),
+        min_quantity=data.min_quantity.astype(float),
+        mixed_tiers=np.zeros(data.bid_ids.size, dtype=bool),
+        arc_bid=arc_bid.astype(np.int64)[keep],
+        arc_tier=arc_tier.astype(np.int64)[keep],
+        arc_price=arc_price[keep],
     )
-    # The instance API takes one small record per bid; everything up to here was arrays.
-    slugs = np.array(data.tier_slugs, dtype=object)
-    bids = tuple(
-        clearing.Bid(
-            id=_bid_name(int(pk)),
-            tenant=_tenant_name(int(tenant)),
-            quantity=int(quantity),
-            min_quantity=int(minimum),
-            limits=dict(zip(slugs[row > 0], row[row > 0].tolist(), strict=True)),
+    if np.any(arrays.budget > MAX_AMOUNT) or np.any(arrays.arc_price > MAX_AMOUNT):
+        raise clearing.ClearingError(
+            f"a budget or limit in this round is above the solver's {MAX_AMOUNT:g} milli-credits"
         )
-        for pk, tenant, quantity, minimum, row in zip(
-            data.bid_ids,
-            data.tenant_ids,
-            data.quantity,
-            data.min_quantity,
-            data.limits,
-            strict=True,
-        )
-    )
-    return clearing.Instance(tiers=tiers, tenants=tenants, bids=bids, quotas=quotas)
+    return arrays
 
 
 def _outcome(

@@ -144,7 +144,7 @@ def test_a_solver_error_fails_the_round_with_its_reason_and_refunds_every_bid(
     def broken(*args, **kwargs):
         raise clearing.ClearingError("solver status infeasible")
 
-    monkeypatch.setattr(clearing, "clear", broken)
+    monkeypatch.setattr(clearing, "clear_arrays", broken)
     _bid(team, market, quantity=2, limits={"a100": 3000})
     _bid(rival, market, quantity=1, limits={"h100": 2500})
     rnd = round_process(round_id=market.round.pk, now=market.after_close())

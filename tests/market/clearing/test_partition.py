@@ -1,5 +1,6 @@
 """Partitioned clearing: every hard constraint of the exact clear still holds after the parts
-are combined, a failed part fails the whole clear, and the loss on a mid-size round is small."""
+are combined, a failed part fails the whole clear, the loss on a mid-size round is small, and a
+part travels to a worker as checked columns."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from collections import Counter, defaultdict
 import numpy as np
 import pytest
 
-from market.clearing import Bid, ClearingError, Instance, Tenant, Tier, clear
-from market.clearing.partition import clear_partitioned, combine, partition
+from market.clearing import Bid, ClearingError, Instance, Tenant, Tier, clear, clear_arrays
+from market.clearing.columns import arrays_from_json, arrays_to_json
+from market.clearing.inputs import Arrays, instance_arrays
+from market.clearing.partition import clear_part, clear_partitioned, combine, partition, split
 
 
 def _instance(
@@ -54,36 +57,105 @@ def _instance(
 
 
 def _clear(policy: str):
-    return lambda sub: clear(sub, mechanism=policy)
+    return lambda sub: clear_part(sub, mechanism=policy)
+
+
+def _columns(arrays: Arrays) -> dict:
+    """Arrays in a form that compares with ==."""
+    return arrays_to_json(arrays, mechanism="welfare", params=None)
+
+
+def _tenant_of_bids(sub: Arrays) -> dict[str, str]:
+    return {
+        bid: sub.tenant_names[t]
+        for bid, t in zip(sub.bid_ids, sub.bid_tenant.tolist(), strict=True)
+    }
 
 
 def test_partition_keeps_each_tenant_whole_balances_bids_and_splits_every_gpu():
     inst = _instance(tenants=40, bids=600)
-    subs = partition(inst, 4, seed=3)
+    arrays = instance_arrays(inst)
+    subs = partition(arrays, 4, seed=3)
     assert len(subs) == 4
     home = {}
     for p, sub in enumerate(subs):
-        for bid in sub.bids:
-            assert home.setdefault(bid.tenant, p) == p, "a tenant's bids stay in one part"
-    assert sorted(b.id for s in subs for b in s.bids) == sorted(b.id for b in inst.bids)
-    sizes = [len(s.bids) for s in subs]
+        for tenant in _tenant_of_bids(sub).values():
+            assert home.setdefault(tenant, p) == p, "a tenant's bids stay in one part"
+    assert sorted(b for s in subs for b in s.bid_ids) == sorted(b.id for b in inst.bids)
+    sizes = [s.n_bids for s in subs]
     assert max(sizes) - min(sizes) <= max(Counter(b.tenant for b in inst.bids).values())
-    for t, tier in enumerate(inst.tiers):
-        assert sum(s.tiers[t].capacity for s in subs) == tier.capacity
-    assert partition(inst, 4, seed=3) == subs  # the seed decides the split
-    assert partition(inst, 4, seed=4) != subs
+    for t in range(arrays.n_tiers):
+        assert sum(s.capacity[t] for s in subs) == arrays.capacity[t]
+    # Every arc of the whole is in exactly one part, with its price.
+    arcs = {
+        (s.bid_ids[b], s.tier_names[t], p)
+        for s in subs
+        for b, t, p in zip(
+            s.arc_bid.tolist(), s.arc_tier.tolist(), s.arc_price.tolist(), strict=True
+        )
+    }
+    assert arcs == {
+        (arrays.bid_ids[b], arrays.tier_names[t], p)
+        for b, t, p in zip(
+            arrays.arc_bid.tolist(),
+            arrays.arc_tier.tolist(),
+            arrays.arc_price.tolist(),
+            strict=True,
+        )
+    }
+    # A part is sorted as instance_arrays sorts: it is the arrays of its own instance.
+    for sub in subs:
+        names = set(sub.tenant_names)
+        own = Instance(
+            tiers=tuple(
+                Tier(t.name, int(c), t.reserve_price, t.max_share)
+                for t, c in zip(inst.tiers, sub.capacity.tolist(), strict=True)
+            ),
+            tenants=tuple(t for t in inst.tenants if t.name in names),
+            bids=tuple(b for b in inst.bids if b.tenant in names),
+        )
+        assert _columns(instance_arrays(own)) == _columns(sub)
+    assert [_columns(s) for s in partition(arrays, 4, seed=3)] == [_columns(s) for s in subs]
+    assert [_columns(s) for s in partition(arrays, 4, seed=4)] != [_columns(s) for s in subs]
+
+
+def test_clear_arrays_gives_what_clear_gives():
+    inst = _instance(tenants=12, bids=120)
+    quotas = {"n001": {"t0": 3}, "n004": {"t1": 2, "t2": 1}}
+    for policy in ("welfare", "maxmin", "fisher"):
+        for setting in ({}, quotas, "by_weight"):
+            with_quotas = Instance(inst.tiers, inst.tenants, inst.bids, quotas=setting)
+            exact = clear(with_quotas, mechanism=policy)
+            again = clear_arrays(instance_arrays(with_quotas), mechanism=policy, quotas=setting)
+            assert again.allocations == exact.allocations, (policy, setting)
+            assert again.charges == exact.charges and again.prices == exact.prices
+
+
+def test_clear_arrays_refuses_a_fraction_of_a_gpu_as_clear_does():
+    inst = Instance(
+        tiers=(Tier("a", 4),),
+        tenants=(Tenant("x"),),
+        bids=(Bid("b2", "x", 1.5, {"a": 1}), Bid("b1", "x", 2, {"a": 1}, min_quantity=1.5)),
+    )
+    with pytest.raises(ClearingError) as by_objects:
+        clear(inst)
+    with pytest.raises(ClearingError) as by_arrays:
+        clear_arrays(instance_arrays(inst))
+    assert str(by_arrays.value) == str(by_objects.value)
+    assert "'b1'.min_quantity" in str(by_arrays.value)
 
 
 @pytest.mark.parametrize("policy", ["welfare", "maxmin", "fisher"])
 def test_a_partitioned_clear_respects_every_hard_constraint(policy):
     inst = _instance(tenants=24, bids=240)
-    subs = partition(inst, 3, seed=0)
-    results = [clear(s, mechanism=policy) for s in subs]
-    r = combine(inst, subs, results)
+    parts = split(instance_arrays(inst), 3, seed=0)
+    subs = [p.arrays for p in parts]
+    results = [clear_part(s, mechanism=policy) for s in subs]
+    r = combine(instance_arrays(inst), parts, results)
     tiers = {t.name: t for t in inst.tiers}
     bids = {b.id: b for b in inst.bids}
     budget = {t.name: t.budget for t in inst.tenants}
-    part_of = {b.id: p for p, s in enumerate(subs) for b in s.bids}
+    part_of = {bid: p for p, s in enumerate(subs) for bid in s.bid_ids}
     per_tier, per_bid, per_group = defaultdict(int), defaultdict(int), defaultdict(int)
     tiers_of = defaultdict(set)
     owed = defaultdict(float)
@@ -115,30 +187,45 @@ def test_a_partitioned_clear_respects_every_hard_constraint(policy):
             assert spent <= budget[tenant] + 1e-6, "budgets"
     # The combined figures add up from the parts.
     assert r.diagnostics["parts"] == 3
-    assert r.diagnostics["welfare"] == pytest.approx(sum(x.diagnostics["welfare"] for x in results))
-    assert sum(r.spend.values()) == pytest.approx(sum(sum(x.spend.values()) for x in results))
+    assert r.diagnostics["welfare"] == pytest.approx(
+        sum(x["diagnostics"]["welfare"] for x in results)
+    )
+    assert sum(r.spend.values()) == pytest.approx(sum(sum(x["spend"]) for x in results))
+    # Each part's result, as the combined result shows it.
+    for sub in subs:
+        own = clear_arrays(sub, mechanism=policy)
+        assert set(own.allocations) <= set(r.allocations)
+        assert all(r.charges[bid] == charge for bid, charge in own.charges.items())
+        assert all(r.spend[tenant] == spent for tenant, spent in own.spend.items())
+    assert len(r.allocations) == sum(len(x["allocations"]["bid"]) for x in results)
+    assert list(r.allocations) == sorted(
+        r.allocations, key=lambda a: (a.bid, [t.name for t in inst.tiers].index(a.tier))
+    )
 
 
 def test_a_failed_part_fails_the_whole_clear():
     inst = _instance(tenants=12, bids=60)
     calls = []
 
-    def flaky(sub: Instance):
+    def flaky(sub: Arrays):
         calls.append(sub)
         if len(calls) == 2:
             raise ClearingError("part 2: the solver ended without a proven result")
-        return clear(sub, mechanism="welfare")
+        return clear_part(sub, mechanism="welfare")
 
     with pytest.raises(ClearingError, match="part 2"):
-        clear_partitioned(inst, parts=3, clear_part=flaky)
+        clear_partitioned(instance_arrays(inst), parts=3, clear_part=flaky)
 
 
 def test_combine_refuses_a_missing_part():
     inst = _instance(tenants=12, bids=60)
-    subs = partition(inst, 3)
-    results = [clear(s, mechanism="welfare") for s in subs[:2]]
+    parts = split(instance_arrays(inst), 3)
+    results = [clear_part(p.arrays, mechanism="welfare") for p in parts]
     with pytest.raises(ClearingError, match="2 results for 3 parts"):
-        combine(inst, subs, results)
+        combine(instance_arrays(inst), parts, results[:2])
+    del results[1]["allocations"]["tier"]
+    with pytest.raises(ClearingError, match="not as a part writes it"):
+        combine(instance_arrays(inst), parts, results)
 
 
 def test_the_welfare_lost_by_partitioning_a_mid_size_round_is_small():
@@ -146,7 +233,9 @@ def test_the_welfare_lost_by_partitioning_a_mid_size_round_is_small():
     # taken away: it can only lose, and on a round this size it loses little.
     inst = _instance(tenants=60, bids=3000, gang_share=0.0, weighted=False)
     exact = clear(inst, mechanism="welfare").diagnostics["welfare"]
-    split = clear_partitioned(inst, parts=4, clear_part=_clear("welfare")).diagnostics["welfare"]
+    split = clear_partitioned(
+        instance_arrays(inst), parts=4, clear_part=_clear("welfare")
+    ).diagnostics["welfare"]
     assert split <= exact + 1e-6
     assert split >= 0.97 * exact
 
@@ -154,15 +243,83 @@ def test_the_welfare_lost_by_partitioning_a_mid_size_round_is_small():
 def test_a_part_goes_to_a_worker_and_back_as_json_unchanged():
     import json
 
-    from market.clearing.io import instance_from_json, instance_to_json
-    from market.clearing.result import Result
-
     inst = _instance(tenants=6, bids=30)
-    sub = partition(inst, 2)[1]
-    wire = json.loads(json.dumps(instance_to_json(sub, mechanism="maxmin", params={})))
-    back, mechanism, params = instance_from_json(wire)
-    assert (back, mechanism) == (sub, "maxmin")
-    result = clear(back, mechanism=mechanism, params=params)
-    again = Result.from_json(json.loads(json.dumps(result.to_json())))
-    assert again.allocations == result.allocations
-    assert again.charges == result.charges and again.spend == result.spend
+    sub = partition(instance_arrays(inst), 2)[1]
+    quotas = {"n001": {"t0": 2}}
+    wire = json.loads(
+        json.dumps(arrays_to_json(sub, mechanism="maxmin", params={"time_limit": 5}, quotas=quotas))
+    )
+    back, mechanism, params, got_quotas = arrays_from_json(wire)
+    assert (_columns(back), mechanism, params, got_quotas) == (
+        _columns(sub),
+        "maxmin",
+        {"time_limit": 5},
+        quotas,
+    )
+    result = clear_part(back, mechanism=mechanism, params=params, quotas=got_quotas)
+    assert json.loads(json.dumps(result)) == result
+    assert _timeless(result) == _timeless(clear_part(sub, mechanism="maxmin", quotas=quotas))
+
+
+def _timeless(part_result: dict) -> dict:
+    diagnostics = part_result["diagnostics"]
+    return part_result | {
+        "diagnostics": {k: v for k, v in diagnostics.items() if not k.endswith("_seconds")}
+    }
+
+
+def _wire() -> dict:
+    inst = Instance(
+        tiers=(Tier("a", 4, reserve_price=2), Tier("b", 2)),
+        tenants=(Tenant("x", budget=10.0), Tenant("y")),
+        bids=(Bid("b1", "x", 2, {"a": 3, "b": 1}), Bid("b2", "y", 1, {"a": 5})),
+    )
+    return arrays_to_json(instance_arrays(inst), mechanism="welfare", params=None)
+
+
+def _set(path: str, value):
+    def edit(data: dict) -> None:
+        *parents, last = path.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_set("format", "v0"), "format"),
+        (_set("mechanism", 3), "arrays.mechanism"),
+        (_set("quotas", "by_luck"), "arrays.quotas"),
+        (_set("tiers.capacity.0", 2.5), "tiers.capacity: must be whole"),
+        (_set("tiers.max_share.1", 0), "tiers.max_share"),
+        (_set("tenants.name.1", "a"), "tenants.name: must be in order"),
+        (_set("tenants.budget.0", -1), "tenants.budget"),
+        (_set("bids.id.0", "b3"), "bids.id: must be in order"),
+        (_set("bids.tenant.0", 2), "bids.tenant: an index out of range"),
+        (_set("bids.tenant.0", 2**70), "bids.tenant: an index out of range"),
+        (_set("bids.tenant.0", True), "bids.tenant: must be whole-number indices"),
+        (_set("bids.quantity.1", 0.5), "bids.quantity: must be >= 1"),
+        (_set("bids.quantity.1", float("nan")), "bids.quantity: must be finite"),
+        (_set("bids.quantity.1", 1e300), "bids.quantity: must be finite"),
+        (_set("bids.min_quantity.0", 3), "min_quantity: must not be more than quantity"),
+        (_set("bids.mixed_tiers.0", 1), "mixed_tiers: must be true or false"),
+        (_set("arcs.tier.1", 0), "arcs: must be in (bid, tier) order"),
+        (_set("arcs.price.0", 1), "arcs.price: an arc below its tier's reserve"),
+        (_set("arcs.price.0", "3"), "arcs.price: must be numbers"),
+        (_set("arcs.bid", [0, 1]), "arrays.arcs: its lists must be of one length"),
+        (_set("bids", [1, 2]), "arrays.bids: must be an object of lists"),
+    ],
+)
+def test_a_part_that_is_not_as_written_is_refused_naming_the_field(edit, message):
+    data = _wire()
+    arrays_from_json(data)  # as written, it is taken
+    edit(data)
+    with pytest.raises(ClearingError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        arrays_from_json(data)
