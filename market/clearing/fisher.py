@@ -76,8 +76,15 @@ def _solve_eg(
     buyers, t_row = np.unique(tenant[om.arc_bid[cols]], return_inverse=True)
     bids, b_row = np.unique(om.arc_bid[cols], return_inverse=True)
     x = cp.Variable(cols.size, nonneg=True)
-    scale = float(v[cols].max())
-    utility = held[buyers] / scale + lp.incidence(t_row, buyers.size, v[cols] / scale) @ x
+    # Each buyer's utility in units of its own best value per GPU: log(u / s) differs from
+    # log u by a constant, so the optimum and the tier duals are the same, but utilities are
+    # about the number of GPUs won whatever the spread of values across tenants. One scale
+    # for all (the largest value) left the buyers of low value with utilities near 1e-5 and
+    # the interior point stalled on some 125k-bid programs ("insufficient progress").
+    scale = np.zeros(buyers.size)
+    np.maximum.at(scale, t_row, v[cols])
+    scale[scale <= 0] = 1.0
+    utility = held[buyers] / scale + lp.incidence(t_row, buyers.size, v[cols] / scale[t_row]) @ x
     weight = budget[buyers] / budget[buyers].sum()
     per_bid = lp.incidence(b_row, bids.size) @ x
     capacity = lp.incidence(om.arc_tier[cols], T) @ x <= om.tier_room
@@ -90,7 +97,7 @@ def _solve_eg(
         constraints.append(per_bid[at] >= bid_min[bids][at])
     need = np.flatnonzero(guarantee[buyers] - held[buyers] > EPS)
     if need.size:
-        constraints.append(utility[need] >= guarantee[buyers][need] / scale)
+        constraints.append(utility[need] >= guarantee[buyers][need] / scale[need])
     c = om.arc_capped[cols]
     if (c >= 0).any():
         groups, g_row = np.unique(c[c >= 0], return_inverse=True)

@@ -99,3 +99,52 @@ def test_fisher_clears_the_replay_round_its_first_solver_setting_failed():
     r = clear(inst, mechanism="fisher", divisible=True)
     assert r.diagnostics["status"] in ("optimal", "inaccurate")
     assert r.diagnostics["guarantees_unmet"] == 0
+
+
+def _spread_instance(factor: float) -> Instance:
+    rng = np.random.default_rng(7)
+    tiers = (Tier("a", 60), Tier("b", 40), Tier("c", 30))
+    tenants = tuple(Tenant(f"n{i:02d}") for i in range(20))
+    bids = []
+    for b in range(240):
+        tenant = int(rng.integers(0, 20))
+        accept = rng.choice(3, size=int(rng.integers(1, 4)), replace=False)
+        level = float(rng.lognormal(2.0, 0.4)) * (factor if tenant == 0 else 1.0)
+        bids.append(
+            Bid(
+                f"b{b:03d}",
+                f"n{tenant:02d}",
+                int(rng.choice([1, 2, 4])),
+                {tiers[t].name: round(level * (1 + 0.2 * t), 3) for t in sorted(accept)},
+            )
+        )
+    return Instance(tiers=tiers, tenants=tenants, bids=tuple(bids))
+
+
+def test_fisher_allocates_the_same_when_one_tenant_values_everything_1e8_times_more():
+    # Eisenberg-Gale counts log u_i: one tenant's values scaled by c (here 1e8) add log c and
+    # change nothing else, so every tenant's utility is the same. A single scale for every
+    # utility (the largest value) left the others' utilities tiny, where the interior
+    # point's tolerances are as large as they are; on 125k-bid parts it stalled
+    # ("insufficient progress") and fell back to a first-order solver for minutes.
+    plain_bids = _spread_instance(1.0).bids
+    owner = {b.id: b.tenant for b in plain_bids}
+    value: dict[tuple[str, str], float] = {}  # a tenant's value of a tier: its best limit
+    for b in plain_bids:
+        for tier, limit in b.limits.items():
+            value[b.tenant, tier] = max(value.get((b.tenant, tier), 0.0), limit)
+
+    def utilities(factor: float) -> dict[str, float]:
+        # The optimum is unique in utilities (EG is strictly concave in them), not in GPUs.
+        r = clear(_spread_instance(factor), mechanism="fisher", divisible=True)
+        assert r.diagnostics["status"] == "optimal"
+        out: dict[str, float] = {}
+        for a in r.allocations:
+            tenant = owner[a.bid]
+            out[tenant] = out.get(tenant, 0.0) + a.gpus * value[tenant, a.tier]
+        return out
+
+    plain, spread = utilities(1.0), utilities(1e8)
+    assert plain.keys() == spread.keys()
+    for tenant, u in plain.items():
+        assert spread[tenant] == pytest.approx(u, rel=1e-3), tenant
