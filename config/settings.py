@@ -330,12 +330,16 @@ CELERY_BEAT_SCHEDULE = {
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TIMEZONE = "UTC"
 
-# Partitioned clearing: a round with at least this many open bids is split into
-# GPUMARKET_PARTITION_PARTS sub-markets cleared in parallel on the clearing_parts queue
-# (market/clearing/partition.py); below it the exact clear runs. A part that has not come back
-# within GPUMARKET_PARTITION_TIMEOUT_SECONDS fails the round (every hold released).
+# Partitioned clearing: a round with at least this many open bids is split into sub-markets
+# cleared in parallel on the clearing_parts queue (market/clearing/partition.py); below it the
+# exact clear runs. Parts: GPUMARKET_PARTITION_PARTS at least, more when needed to keep each
+# to GPUMARKET_PARTITION_BIDS_PER_PART bids (fisher's and maxmin's solvers grow faster than
+# the bids: a million bids cleared in 8 parts of 125k took 55-67 s, in 32 parts 33-39 s, on
+# two cores, docs/clearing.md). A part that has not come back within
+# GPUMARKET_PARTITION_TIMEOUT_SECONDS fails the round (every hold released).
 GPUMARKET_PARTITION_ABOVE_BIDS = env_int("GPUMARKET_PARTITION_ABOVE_BIDS", 100_000)
 GPUMARKET_PARTITION_PARTS = env_int("GPUMARKET_PARTITION_PARTS", 4)
+GPUMARKET_PARTITION_BIDS_PER_PART = env_int("GPUMARKET_PARTITION_BIDS_PER_PART", 30_000)
 GPUMARKET_PARTITION_TIMEOUT_SECONDS = env_int("GPUMARKET_PARTITION_TIMEOUT_SECONDS", 240)
 
 # Signed checkpoints of the audit log's head are appended here (by beat, and by

@@ -15,6 +15,7 @@ from typing import Any
 from celery import current_app, group
 from celery.exceptions import TimeoutError as CeleryTimeout
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from market import clearing
 from market.clearing.columns import arrays_to_json
@@ -25,10 +26,17 @@ logger = logging.getLogger(__name__)
 
 
 def partition_parts(n_bids: int) -> int:
-    """How many parts a round of ``n_bids`` open bids is cleared in (1 = exact)."""
+    """How many parts a round of ``n_bids`` open bids is cleared in (1 = exact): at least
+    GPUMARKET_PARTITION_PARTS, and enough to keep each part to
+    GPUMARKET_PARTITION_BIDS_PER_PART bids."""
     if n_bids < settings.GPUMARKET_PARTITION_ABOVE_BIDS:
         return 1
-    return max(1, settings.GPUMARKET_PARTITION_PARTS)
+    per_part = settings.GPUMARKET_PARTITION_BIDS_PER_PART
+    if per_part < 1:
+        raise ImproperlyConfigured(
+            f"GPUMARKET_PARTITION_BIDS_PER_PART must be at least 1, got {per_part}"
+        )
+    return max(1, settings.GPUMARKET_PARTITION_PARTS, -(-n_bids // per_part))
 
 
 def clear_in_parts(
