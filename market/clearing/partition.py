@@ -77,33 +77,53 @@ def split(arrays: Arrays, parts: int, *, seed: int = 0) -> list[Part]:
         heapq.heappush(lightest, (load + count, p))
     load = np.bincount(part_of[bidding], weights=bids_per_tenant[bidding], minlength=parts)
     total = int(load.sum())
-    return [_part(a, part_of == p, _shares(a.capacity, load, p, total)) for p in range(parts)]
+    # Tenants, bids and arcs grouped by part in one stable sort each (their order kept within
+    # a part), so each part is a slice: no pass over the whole arrays per part.
+    tenants = _grouped(part_of, parts)
+    bid_part = part_of[a.bid_tenant]
+    bids = _grouped(bid_part, parts)
+    arcs = _grouped(bid_part[a.arc_bid], parts)
+    out = []
+    for p in range(parts):
+        ts, bs, es = tenants.members(p), bids.members(p), arcs.members(p)
+        sub = replace(
+            a,
+            tenant_names=tuple(map(a.tenant_names.__getitem__, ts.tolist())),
+            bid_ids=tuple(map(a.bid_ids.__getitem__, bs.tolist())),
+            capacity=_shares(a.capacity, load, p, total),
+            weight=a.weight[ts],
+            budget=a.budget[ts],
+            bid_tenant=tenants.local[a.bid_tenant[bs]],
+            quantity=a.quantity[bs],
+            min_quantity=a.min_quantity[bs],
+            mixed_tiers=a.mixed_tiers[bs],
+            arc_bid=bids.local[a.arc_bid[es]],
+            arc_tier=a.arc_tier[es],
+            arc_price=a.arc_price[es],
+        )
+        out.append(Part(arrays=sub, tenants=ts, bids=bs))
+    return out
 
 
-def _part(a: Arrays, tenants: np.ndarray, capacity: np.ndarray) -> Part:
-    """The arrays of the tenants marked in ``tenants`` (a mask), with ``capacity``; the order
-    of tenants, bids and arcs is kept, so the part is sorted as ``instance_arrays`` sorts."""
-    new_tenant = np.cumsum(tenants) - 1
-    bids = tenants[a.bid_tenant]
-    new_bid = np.cumsum(bids) - 1
-    arcs = bids[a.arc_bid]
-    bid_index = np.flatnonzero(bids)
-    sub = replace(
-        a,
-        tenant_names=tuple(a.tenant_names[i] for i in np.flatnonzero(tenants).tolist()),
-        bid_ids=tuple(a.bid_ids[b] for b in bid_index.tolist()),
-        capacity=capacity,
-        weight=a.weight[tenants],
-        budget=a.budget[tenants],
-        bid_tenant=new_tenant[a.bid_tenant[bid_index]],
-        quantity=a.quantity[bid_index],
-        min_quantity=a.min_quantity[bid_index],
-        mixed_tiers=a.mixed_tiers[bid_index],
-        arc_bid=new_bid[a.arc_bid[arcs]],
-        arc_tier=a.arc_tier[arcs],
-        arc_price=a.arc_price[arcs],
-    )
-    return Part(arrays=sub, tenants=np.flatnonzero(tenants), bids=bid_index)
+@dataclass(frozen=True)
+class _Groups:
+    order: np.ndarray  # indices, grouped by part, in their own order within a part
+    bounds: np.ndarray  # (parts + 1,) where each part's run starts in ``order``
+    local: np.ndarray  # each index's position within its part (-1: in none)
+
+    def members(self, part: int) -> np.ndarray:
+        return self.order[self.bounds[part] : self.bounds[part + 1]]
+
+
+def _grouped(part_of: np.ndarray, parts: int) -> _Groups:
+    # Part numbers fit 16 bits in practice, where numpy's stable sort is a radix sort.
+    key = part_of.astype(np.int16) if parts < 2**15 else part_of
+    order = np.argsort(key, kind="stable")
+    order = order[part_of[order] >= 0]  # tenants without a bid are in no part
+    bounds = np.searchsorted(part_of[order], np.arange(parts + 1))
+    local = np.full(part_of.size, -1, dtype=np.int64)
+    local[order] = np.arange(order.size) - np.repeat(bounds[:-1], np.diff(bounds))
+    return _Groups(order=order, bounds=bounds, local=local)
 
 
 def _shares(capacity: np.ndarray, load: np.ndarray, part: int, total: int) -> np.ndarray:
