@@ -187,25 +187,22 @@ def combine(arrays: Arrays, parts: Sequence[Part], results: Sequence[Mapping[str
     try:
         bid = np.concatenate(
             [
-                p.bids[np.asarray(r["allocations"]["bid"], dtype=np.int64)]
+                p.bids[_indices(r["allocations"]["bid"], p.bids.size)]
                 for p, r in _pairs(parts, results)
             ]
         )
-        tier = np.concatenate(
-            [np.asarray(r["allocations"]["tier"], dtype=np.int64) for r in results]
-        )
+        tier = np.concatenate([_indices(r["allocations"]["tier"], T) for r in results])
         gpus = [g for r in results for g in r["allocations"]["gpus"]]
         charged = np.concatenate(
-            [
-                p.bids[np.asarray(r["charges"]["bid"], dtype=np.int64)]
-                for p, r in _pairs(parts, results)
-            ]
+            [p.bids[_indices(r["charges"]["bid"], p.bids.size)] for p, r in _pairs(parts, results)]
         )
         amounts = [c for r in results for c in r["charges"]["amount"]]
+        if len(gpus) != bid.size or len(amounts) != charged.size:
+            raise ValueError("columns of different lengths")
         part_prices = np.array([r["prices"] for r in results], dtype=float).reshape(-1, T)
         spend = np.zeros(a.n_tenants)
         for p, r in _pairs(parts, results):
-            spend[p.tenants] += np.asarray(r["spend"], dtype=float)
+            spend[p.tenants] += np.asarray(r["spend"], dtype=float).reshape(p.tenants.size)
         diags = [r["diagnostics"] for r in results]
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ClearingError(f"combine: a part's result is not as a part writes it ({exc})") from exc
@@ -263,6 +260,14 @@ def combine(arrays: Arrays, parts: Sequence[Part], results: Sequence[Mapping[str
         spend=spend_by_name,
         diagnostics=diagnostics,
     )
+
+
+def _indices(values: Any, size: int) -> np.ndarray:
+    """Positions from a part's result, each in [0, size) (numpy would wrap a negative one)."""
+    column = np.asarray(values, dtype=np.int64).reshape(-1)
+    if column.size and (column.min() < 0 or column.max() >= size):
+        raise IndexError(f"an index out of range (0 to {size - 1})")
+    return column
 
 
 def _pairs(parts: Sequence[Part], results: Sequence[Mapping[str, Any]]):

@@ -223,9 +223,26 @@ def test_combine_refuses_a_missing_part():
     results = [clear_part(p.arrays, mechanism="welfare") for p in parts]
     with pytest.raises(ClearingError, match="2 results for 3 parts"):
         combine(instance_arrays(inst), parts, results[:2])
-    del results[1]["allocations"]["tier"]
-    with pytest.raises(ClearingError, match="not as a part writes it"):
-        combine(instance_arrays(inst), parts, results)
+    whole = instance_arrays(inst)
+    for path, value in (
+        (("allocations", "tier"), None),  # missing
+        (("allocations", "tier"), [-1]),  # numpy would wrap it
+        (("allocations", "bid"), [10**6]),
+        (("allocations", "gpus"), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]),
+        (("charges", "bid"), [-1]),
+        (("spend",), [0.0]),
+    ):
+        broken = [
+            dict(r, allocations=dict(r["allocations"]), charges=dict(r["charges"])) for r in results
+        ]
+        if len(path) == 1:
+            broken[1][path[0]] = value
+        elif value is None:
+            del broken[1][path[0]][path[1]]
+        else:
+            broken[1][path[0]][path[1]] = value
+        with pytest.raises(ClearingError, match="not as a part writes it"):
+            combine(whole, parts, broken)
 
 
 def test_the_welfare_lost_by_partitioning_a_mid_size_round_is_small():
