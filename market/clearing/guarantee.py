@@ -14,6 +14,10 @@ from .rules import Market, fill_in_order, whole
 from .transport import best_bundles
 
 CHUNK_ARCS = 2000  # arcs per transport LP (the fallback)
+# A tenant with more bids than this goes straight to the LP: the paths push one path per
+# tenant per round and each round costs its whole block, so one tenant of 25k bids kept a
+# part busy for 19 s before the round limit handed it to the LP anyway (docs/clearing.md).
+BIG_TENANT_BIDS = 2_000
 
 
 def guarantees(market: Market, arc_value: np.ndarray, *, fractional: bool = False) -> np.ndarray:
@@ -33,8 +37,8 @@ def guarantee_bundles(
     the tenant's entitled shares and its non-gang demand: a transport problem per tenant,
     solved greedily for tenants with one such bid and, for the others, all at once by
     longest augmenting paths (transport.py; exact for any data, whole bundles from whole
-    shares), with an LP per chunk of tenants only for a tenant that path search left
-    unsolved.
+    shares), with an LP per chunk of tenants for a tenant that path search left unsolved
+    and for a tenant of more than BIG_TENANT_BIDS bids.
     """
     a = market.arrays
     N = a.n_tenants
@@ -58,17 +62,20 @@ def guarantee_bundles(
 
     many = eligible[~single]
     if many.size:
-        y[many], solved = best_bundles(
-            a.arc_bid[many],
-            a.arc_tenant[many],
-            a.arc_tier[many],
-            arc_value[many],
-            a.quantity[a.arc_bid[many]],
-            share[market.arc_group[many]],
+        big = per_tenant[a.arc_tenant[many]] > BIG_TENANT_BIDS
+        paths = many[~big]
+        y[paths], solved = best_bundles(
+            a.arc_bid[paths],
+            a.arc_tenant[paths],
+            a.arc_tier[paths],
+            arc_value[paths],
+            a.quantity[a.arc_bid[paths]],
+            share[market.arc_group[paths]],
             a.n_tiers,
         )
-        if not solved.all():
-            for part in _chunks(many[~solved], a.arc_tenant[many[~solved]]):
+        left = np.sort(np.r_[paths[~solved], many[big]])
+        if left.size:
+            for part in _chunks(left, a.arc_tenant[left]):
                 y[part] = _transport(market, part, arc_value, share)
         if not (market.divisible or fractional):
             y[many] = np.rint(y[many])  # each problem is a network: its vertex is whole

@@ -252,6 +252,25 @@ def test_guarantee_paths_match_the_transport_lps(inst, fractional, divisible):
         assert np.all(y_paths == np.rint(y_paths))
 
 
+@settings(max_examples=60, deadline=None)
+@given(instances(gangs=False), st.booleans(), st.booleans())
+def test_a_tenant_of_many_bids_goes_to_the_lp_with_the_same_guarantee(inst, fractional, divisible):
+    # Every tenant of more than one bid is "big" here, so all of them take the LP.
+    a = instance_arrays(inst)
+    market = build_market(a, divisible=divisible)
+    g_paths, _ = guarantee.guarantee_bundles(market, a.arc_price, fractional=fractional)
+    saved = guarantee.BIG_TENANT_BIDS
+    guarantee.BIG_TENANT_BIDS = 1
+    try:
+        g_big, y_big = guarantee.guarantee_bundles(market, a.arc_price, fractional=fractional)
+    finally:
+        guarantee.BIG_TENANT_BIDS = saved
+    np.testing.assert_allclose(g_big, g_paths, rtol=1e-9, atol=1e-9)
+    _within_shares(market, y_big, fractional)
+    if not (fractional or divisible):
+        assert np.all(y_big == np.rint(y_big))
+
+
 def _within_shares(market, y, fractional) -> None:
     a = market.arrays
     share = (
