@@ -37,9 +37,6 @@ from .errors import ClearingError
 from .inputs import Arrays
 from .result import Allocation, Result
 
-# Below this many bids the exact clear is the default; above it the platform may partition.
-EXACT_BELOW_BIDS = 100_000
-
 # A part's clear: its arrays in, ``part_result_to_json`` of its result out (the same JSON
 # whether the part was cleared here or by a worker).
 ClearPart = Callable[[Arrays], dict[str, Any]]
@@ -52,13 +49,9 @@ class Part:
     bids: np.ndarray  # (B_part,) index of each of its bids in the whole
 
 
-def partition(arrays: Arrays, parts: int, *, seed: int = 0) -> tuple[Arrays, ...]:
-    """Split ``arrays`` into ``parts`` sub-instances (see the module docstring)."""
-    return tuple(part.arrays for part in split(arrays, parts, seed=seed))
-
-
 def split(arrays: Arrays, parts: int, *, seed: int = 0) -> list[Part]:
-    """The parts of ``arrays``, each with the indices of its tenants and bids in the whole."""
+    """Split ``arrays`` into ``parts`` sub-instances (see the module docstring), each with the
+    indices of its tenants and bids in the whole."""
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
         raise ClearingError(f"parts: must be a whole number >= 1, got {parts!r}")
     a = arrays

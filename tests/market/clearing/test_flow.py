@@ -230,7 +230,7 @@ def test_costs_beyond_the_solvers_range_are_refused_not_overflowed():
 
 @settings(max_examples=100, deadline=None)
 @given(instances(gangs=False), st.booleans(), st.booleans())
-def test_guarantee_paths_match_the_transport_lps(inst, fractional, divisible):
+def test_guarantee_paths_and_big_tenants_match_the_transport_lps(inst, fractional, divisible):
     a = instance_arrays(inst)
     market = build_market(a, divisible=divisible)
 
@@ -246,29 +246,21 @@ def test_guarantee_paths_match_the_transport_lps(inst, fractional, divisible):
     finally:
         guarantee.best_bundles = saved
 
-    np.testing.assert_allclose(g_paths, g_lp, rtol=1e-9, atol=1e-9)
-    _within_shares(market, y_paths, fractional)
-    if not (fractional or divisible):
-        assert np.all(y_paths == np.rint(y_paths))
-
-
-@settings(max_examples=60, deadline=None)
-@given(instances(gangs=False), st.booleans(), st.booleans())
-def test_a_tenant_of_many_bids_goes_to_the_lp_with_the_same_guarantee(inst, fractional, divisible):
-    # Every tenant of more than one bid is "big" here, so all of them take the LP.
-    a = instance_arrays(inst)
-    market = build_market(a, divisible=divisible)
-    g_paths, _ = guarantee.guarantee_bundles(market, a.arc_price, fractional=fractional)
-    saved = guarantee.BIG_TENANT_BIDS
+    # A tenant of more than BIG_TENANT_BIDS bids goes to the LP directly; at 1, every tenant
+    # of two bids or more does.
+    saved_big = guarantee.BIG_TENANT_BIDS
     guarantee.BIG_TENANT_BIDS = 1
     try:
         g_big, y_big = guarantee.guarantee_bundles(market, a.arc_price, fractional=fractional)
     finally:
-        guarantee.BIG_TENANT_BIDS = saved
+        guarantee.BIG_TENANT_BIDS = saved_big
+
+    np.testing.assert_allclose(g_paths, g_lp, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(g_big, g_paths, rtol=1e-9, atol=1e-9)
-    _within_shares(market, y_big, fractional)
-    if not (fractional or divisible):
-        assert np.all(y_big == np.rint(y_big))
+    for y in (y_paths, y_big):
+        _within_shares(market, y, fractional)
+        if not (fractional or divisible):
+            assert np.all(y == np.rint(y))
 
 
 def _within_shares(market, y, fractional) -> None:

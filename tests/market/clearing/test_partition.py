@@ -12,7 +12,7 @@ import pytest
 from market.clearing import Bid, ClearingError, Instance, Tenant, Tier, clear, clear_arrays
 from market.clearing.columns import arrays_from_json, arrays_to_json
 from market.clearing.inputs import Arrays, instance_arrays
-from market.clearing.partition import clear_part, clear_partitioned, combine, partition, split
+from market.clearing.partition import clear_part, clear_partitioned, combine, split
 
 
 def _instance(
@@ -75,7 +75,7 @@ def _tenant_of_bids(sub: Arrays) -> dict[str, str]:
 def test_partition_keeps_each_tenant_whole_balances_bids_and_splits_every_gpu():
     inst = _instance(tenants=40, bids=600)
     arrays = instance_arrays(inst)
-    subs = partition(arrays, 4, seed=3)
+    subs = [p.arrays for p in split(arrays, 4, seed=3)]
     assert len(subs) == 4
     home = {}
     for p, sub in enumerate(subs):
@@ -115,8 +115,8 @@ def test_partition_keeps_each_tenant_whole_balances_bids_and_splits_every_gpu():
             bids=tuple(b for b in inst.bids if b.tenant in names),
         )
         assert _columns(instance_arrays(own)) == _columns(sub)
-    assert [_columns(s) for s in partition(arrays, 4, seed=3)] == [_columns(s) for s in subs]
-    assert [_columns(s) for s in partition(arrays, 4, seed=4)] != [_columns(s) for s in subs]
+    assert [_columns(p.arrays) for p in split(arrays, 4, seed=3)] == [_columns(s) for s in subs]
+    assert [_columns(p.arrays) for p in split(arrays, 4, seed=4)] != [_columns(s) for s in subs]
 
 
 def test_clear_arrays_gives_what_clear_gives():
@@ -261,7 +261,7 @@ def test_a_part_goes_to_a_worker_and_back_as_json_unchanged():
     import json
 
     inst = _instance(tenants=6, bids=30)
-    sub = partition(instance_arrays(inst), 2)[1]
+    sub = split(instance_arrays(inst), 2)[1].arrays
     quotas = {"n001": {"t0": 2}}
     wire = json.loads(
         json.dumps(arrays_to_json(sub, mechanism="maxmin", params={"time_limit": 5}, quotas=quotas))
