@@ -19,6 +19,7 @@ from audit.models import AuditEvent
 
 # Any fixed 64-bit key: the advisory lock that serialises appends to the chain on PostgreSQL.
 _CHAIN_LOCK_KEY = 7_412_001
+APPEND_ROWS = 2000  # events per INSERT when a batch appends many (a round's settlement)
 
 
 class AuditError(Exception):
@@ -91,7 +92,7 @@ def _append(events: list[AuditEvent]) -> None:
         event.seq, event.prev_hash, event.key_id = seq, prev_hash, key_id
         event.hash = event_hash(key=key, **fields_of(event))
         prev_hash = event.hash
-    AuditEvent.objects.bulk_create(events)
+    AuditEvent.objects.bulk_create(events, batch_size=APPEND_ROWS)
 
 
 def record(

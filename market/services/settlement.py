@@ -18,8 +18,8 @@ from market.outcomes import RoundFacts, bid_reason
 from market.services._common import bids_locked, cost_floor, now_or, round_locked
 from market.services.bids import window_seconds
 from market.services.placement import as_json, round_placement
-from tenants.ledger import credits_charge, credits_release
-from tenants.models import Notification
+from tenants.ledger import TransferOrder, transfer_execute_many
+from tenants.models import Notification, Transfer
 
 SYSTEM = "system"
 
@@ -58,6 +58,7 @@ def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
     for (bid_id, slug), price in limits.items():
         limits_of[bid_id][slug] = price
     allocations: list[Allocation] = []
+    orders: list[TransferOrder] = []  # every bid's charge and release, moved in one batch
     revenue = winners = 0
     per_tier: dict[str, dict[str, int]] = defaultdict(lambda: {"gpus": 0, "charge": 0})
     for bid in bids:
@@ -92,24 +93,29 @@ def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
             )
         ledger = {
             "tenant": bid.tenant,
-            "actor": None,
             "reference": f"bid:{bid.pk}",
             "campaign": bid.campaign,
         }
         if charge_total:
-            credits_charge(
-                amount=charge_total,
-                reason=f"round {rnd.pk}: {bid.pk} won",
-                idempotency_key=f"settle:{rnd.pk}:{bid.pk}:charge",
-                **ledger,
+            orders.append(
+                TransferOrder(
+                    kind=Transfer.Kind.CHARGE,
+                    amount=charge_total,
+                    reason=f"round {rnd.pk}: {bid.pk} won",
+                    idempotency_key=f"settle:{rnd.pk}:{bid.pk}:charge",
+                    **ledger,
+                )
             )
         rest = bid.escrow - charge_total
         if rest:
-            credits_release(
-                amount=rest,
-                reason=f"round {rnd.pk}: escrow not spent by bid {bid.pk}",
-                idempotency_key=f"settle:{rnd.pk}:{bid.pk}:release",
-                **ledger,
+            orders.append(
+                TransferOrder(
+                    kind=Transfer.Kind.RELEASE,
+                    amount=rest,
+                    reason=f"round {rnd.pk}: escrow not spent by bid {bid.pk}",
+                    idempotency_key=f"settle:{rnd.pk}:{bid.pk}:release",
+                    **ledger,
+                )
             )
         won = bid.pk in awards
         winners += won
@@ -126,6 +132,7 @@ def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
         bid.escrow = 0
         bid.updated_at = now
         revenue += charge_total
+    transfer_execute_many(orders=orders)
     _place(rnd, allocations, bids)
     Allocation.objects.bulk_create(allocations)
     Bid.objects.bulk_update(bids, ["status", "escrow", "updated_at", "outcome", "outcome_reason"])

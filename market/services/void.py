@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,8 +28,8 @@ from market.errors import MarketError
 from market.models import Allocation, Bid, Round
 from market.services._common import bids_locked, now_or, round_locked, round_notices_send
 from tenants.errors import TenantError
-from tenants.ledger import credits, credits_refund, credits_release
-from tenants.models import Notification, Tenant
+from tenants.ledger import TransferOrder, credits, transfer_execute_many
+from tenants.models import Notification, Tenant, Transfer
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +59,7 @@ class _Unwind:
     verb: str  # notification kind round_<verb>; "the round could not be <verb>"
     status: str  # the round's status afterwards
     bids: str  # the status of the bids that get money back
-    transfer: Callable[..., Any]  # the ledger call that moves it back
+    transfer: str  # the kind of ledger transfer that moves it back
     admin_level: str
     no_reason: str  # the refusal when no reason is given
 
@@ -79,7 +78,7 @@ FAIL = _Unwind(
     "failed",
     Round.Status.FAILED,
     Bid.Status.OPEN,
-    credits_release,
+    Transfer.Kind.RELEASE,
     Level.CRITICAL,
     no_reason="a failed round needs a reason",
 )
@@ -88,7 +87,7 @@ VOID = _Unwind(
     "voided",
     Round.Status.VOIDED,
     Bid.Status.WON,
-    credits_refund,
+    Transfer.Kind.REFUND,
     Level.WARNING,
     no_reason="say why the round is voided; the reason is shown to every tenant in it",
 )
@@ -126,11 +125,13 @@ def _bids_refund(
     """Move each bid's amount back to its tenant's available balance and mark it refunded;
     returns {tenant id: milli-credits moved}."""
     refunded: dict[int, int] = defaultdict(int)
+    orders = []
     for bid in bids:
         amount = amounts.get(bid.pk, 0)
         if amount:
-            try:
-                how.transfer(
+            orders.append(
+                TransferOrder(
+                    kind=how.transfer,
                     tenant=bid.tenant,
                     amount=amount,
                     actor=actor if isinstance(actor, AbstractBaseUser) else None,
@@ -139,10 +140,13 @@ def _bids_refund(
                     campaign=bid.campaign,
                     idempotency_key=f"{how.key}:{rnd.pk}:{bid.pk}",
                 )
-            except TenantError as exc:
-                raise MarketError(f"round {rnd.pk} could not be {how.verb}: {exc}") from exc
+            )
             refunded[bid.tenant_id] += amount
         bid.status, bid.escrow, bid.updated_at = Bid.Status.REFUNDED, 0, now
+    try:
+        transfer_execute_many(orders=orders)  # one batch, in bid order
+    except TenantError as exc:
+        raise MarketError(f"round {rnd.pk} could not be {how.verb}: {exc}") from exc
     Bid.objects.bulk_update(bids, ["status", "escrow", "updated_at"])
     return refunded
 

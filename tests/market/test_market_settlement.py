@@ -10,7 +10,9 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.db.models import Sum
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -26,11 +28,12 @@ from market.services import (
     round_open_next,
     round_process,
     round_settle,
+    round_void,
     rounds_tick,
     tier_price,
 )
 from market.services.bids import window_seconds
-from tenants.ledger import balance_get, ledger_verify
+from tenants.ledger import balance_get, ledger_verify, platform_account
 from tenants.models import Account, Entry, Notification, Transfer
 from tests import factories
 from tests.market.marketkit import T0, market_make
@@ -288,3 +291,67 @@ def test_every_mechanism_settles_with_the_ledger_right_and_shadows_the_others(
     shadow = rnd.shadow_result
     assert "error" not in shadow and shadow["mechanism"] == others[0]
     assert all(shadow["allocated"][slug] <= rnd.capacities[slug] for slug in rnd.capacities)
+
+
+def _statements(call) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        call()
+    return len(captured.captured_queries)
+
+
+def _rounds_of(market, teams, sizes):
+    """One round per size, each with that many one-GPU bids spread over ``teams``, closed and
+    cleared in turn (each next round opens as the one before closes): the cleared rounds."""
+    rounds, now, rnd = [], T0, market.round
+    for n in sizes:
+        for i in range(n):
+            tenant, user = teams[i % len(teams)]
+            bid_place(
+                user=user, tenant=tenant, round=rnd, now=now, quantity=1, limits={"a100": 1500 + i}
+            )
+        now = rnd.closes_at + timedelta(seconds=1)
+        rounds.append(round_clear(round_id=rnd.pk, now=now))
+        rnd = round_open_next(now=now)
+    return rounds
+
+
+def test_settling_a_round_takes_as_many_statements_for_40_bids_as_for_4(market, team, rival):
+    # A settlement wrote one ledger transfer at a time, each with its own savepoint, locks,
+    # idempotency record and audit append: a 7,400-bid round took 85 s to settle after its
+    # 0.03 s clear (bench/bidstorm.py). The transfers of a round now go in one batch.
+    platform_account("revenue")  # the first charge ever would create it, in the first count
+    small, large = _rounds_of(market, [team, rival], (4, 40))
+    counts = [_statements(lambda r=r: round_settle(round_id=r.pk)) for r in (small, large)]
+    assert counts[0] == counts[1]
+    for rnd in (small, large):
+        rnd.refresh_from_db()
+        assert rnd.status == "settled"
+        _assert_settled_ledger(rnd)
+    assert Transfer.objects.filter(kind="release").count() == 44  # every bid had escrow left
+
+
+def test_failing_a_round_takes_as_many_statements_for_40_bids_as_for_4(market, team, rival):
+    small, large = _rounds_of(market, [team, rival], (4, 40))
+    counts = [_statements(lambda r=r: round_fail(round=r, reason="test")) for r in (small, large)]
+    assert counts[0] == counts[1]
+    assert set(Bid.objects.values_list("status", "escrow")) == {("refunded", 0)}
+    for tenant, _ in (team, rival):
+        assert balance_get(tenant=tenant).escrow == 0
+    assert ledger_verify() == []
+
+
+def test_voiding_a_round_refunds_every_charge_in_as_many_statements_for_6_winners_as_for_2(
+    market, team, rival
+):
+    small, large = _rounds_of(market, [team, rival], (2, 40))  # 4 + 2 GPUs: 6 winners at most
+    for rnd in (small, large):
+        round_settle(round_id=rnd.pk)
+    winners = [Bid.objects.filter(round=r, status="won").count() for r in (small, large)]
+    assert winners == [2, 4]  # one-GPU bids on a100 only (4 GPUs)
+    counts = [
+        _statements(lambda r=r: round_void(round=r, actor=None, reason="test"))
+        for r in (small, large)
+    ]
+    assert counts[0] == counts[1]
+    assert Transfer.objects.filter(kind="refund").count() == 6
+    assert ledger_verify() == []
