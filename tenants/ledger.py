@@ -21,6 +21,7 @@ from django.utils import timezone
 
 import audit.services as audit
 from audit.models import AuditEvent
+from core.rows import rows_update
 from tenants.errors import TenantError
 from tenants.models import Account, Campaign, Entry, LedgerOperation, Tenant, Transfer
 
@@ -393,7 +394,7 @@ def transfer_execute_many(*, orders: Sequence[TransferOrder]) -> list[Transfer]:
     )
     # The rows are locked above, so their new balances can be written as values.
     moved = {account.pk: account for _, _, s, d in new for account in (s, d)}
-    Account.objects.bulk_update(list(moved.values()), ["balance"], batch_size=BATCH_ROWS)
+    rows_update(list(moved.values()), ["balance"])
     LedgerOperation.objects.bulk_create(
         [
             LedgerOperation(

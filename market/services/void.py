@@ -24,6 +24,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 import audit.services as audit
+from core.rows import rows_update
 from market.errors import MarketError
 from market.models import Allocation, Bid, Round
 from market.services._common import bids_locked, now_or, round_locked, round_notices_send
@@ -147,7 +148,7 @@ def _bids_refund(
         transfer_execute_many(orders=orders)  # one batch, in bid order
     except TenantError as exc:
         raise MarketError(f"round {rnd.pk} could not be {how.verb}: {exc}") from exc
-    Bid.objects.bulk_update(bids, ["status", "escrow", "updated_at"])
+    rows_update(bids, ["status", "escrow", "updated_at"])
     return refunded
 
 
