@@ -7,9 +7,12 @@ which brings locust) and PostgreSQL and Redis as for the tests:
 
 Phases, each against gunicorn with --workers processes on a fresh database:
 1. place only, --place-seconds: place-bid throughput;
-2. the same load on a bare Django site that parses the same JSON and writes one row in a
-   transaction (bench/bare): the baseline of the ratio;
-3. the storm: place/edit/cancel (6:2:1) for --seconds, up to the round's close, with two
+2. the same load on the same endpoint without the market's bookkeeping (bench/bare_api: the
+   platform's stack and checks, the bid and its limits in one transaction, no escrow, budget
+   check or audit): what those three cost; its bids are deleted after the phase;
+3. the same load on a bare Django site that parses the same JSON and writes one row in a
+   transaction (bench/bare): the baseline of the issue's ratio;
+4. the storm: place/edit/cancel (6:2:1) for --seconds, up to the round's close, with two
    simulated agents posting telemetry; then beat ticks until the round is settled.
 
 Checks: no error but the 409s the market gives on purpose; every bid the server confirmed to a
@@ -179,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.db.models import Count, Sum
     from django.utils import timezone
 
+    from bench.bare_api.urls import NOTE as UNBOOKED_NOTE
     from market.models import Bid, Round
     from market.services import (
         policy_activate,
@@ -230,8 +234,14 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path("/tmp") / f"bidstorm-{uuid.uuid4().hex[:8]}"
     out.mkdir()
-    web_port, bare_port = _free_port(), _free_port()
+    web_port, bare_port, unbooked_port = _free_port(), _free_port(), _free_port()
     web = _gunicorn("config.wsgi", web_port, args.workers, env)
+    unbooked = _gunicorn(
+        "bench.bare_api.wsgi",
+        unbooked_port,
+        args.workers,
+        dict(env, DJANGO_SETTINGS_MODULE="bench.bare_api.settings"),
+    )
     bare = _gunicorn(
         "bench.bare.wsgi",
         bare_port,
@@ -250,9 +260,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _wait_http(f"http://127.0.0.1:{web_port}/login/", web)
         _wait_http(f"http://127.0.0.1:{bare_port}/ready/", bare)
+        _wait_http(f"http://127.0.0.1:{unbooked_port}/api/v1/bids", unbooked)
         web_url = f"http://127.0.0.1:{web_port}"
         place = _locust(web_url, users=args.users, seconds=args.place_seconds, mode="place",
                         env=env, prefix=out / "place")  # fmt: skip
+        without = _locust(f"http://127.0.0.1:{unbooked_port}", users=args.users,
+                          seconds=args.place_seconds, mode="unbooked", env=env,
+                          prefix=out / "unbooked")  # fmt: skip
+        # They hold no escrow: out of the round before it closes, once the server has
+        # finished the requests still in flight (a graceful stop).
+        _stop(unbooked)
+        Bid.objects.filter(round=rnd, note=UNBOOKED_NOTE).delete()
         baseline = _locust(f"http://127.0.0.1:{bare_port}", users=args.users,
                            seconds=args.place_seconds, mode="bare", env=env,
                            prefix=out / "bare")  # fmt: skip
@@ -289,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = ledger_verify()
         place_rate = place["POST place"]["per_s"]
         bare_rate = baseline["POST bare write"]["per_s"]
+        unbooked_rate = without["POST place"]["per_s"]
         result = {
             "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": {
@@ -303,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
             "place_only": place,
             "bare_atomic_write": baseline,
             "place_to_bare_ratio": round(place_rate / bare_rate, 3) if bare_rate else None,
+            "bid_without_bookkeeping": without,
+            "place_to_without_bookkeeping_ratio": (
+                round(place_rate / unbooked_rate, 3) if unbooked_rate else None
+            ),
             "storm": storm,
             "round_status": rnd.status,
             "seconds_from_close_to_settled": round(settle_seconds, 1),
@@ -316,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         stop_ticks.set()
-        for proc in (*agents, worker, web, bare):
+        for proc in (*agents, worker, web, bare, unbooked):
             _stop(proc)
     print(json.dumps(result, indent=2))
     ok = (
@@ -324,7 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         and result.get("verify_ledger") == "clean"
         and not result.get("confirmed_but_missing")
         and not result.get("confirmed_but_not_settled")
-        and not result["storm"]["errors"]  # type: ignore[index]
+        and not any(
+            result[phase]["errors"]  # type: ignore[index]
+            for phase in ("place_only", "bid_without_bookkeeping", "bare_atomic_write", "storm")
+        )
         and set(result.get("bids_by_status", {})) <= {"won", "lost", "cancelled"}  # type: ignore[arg-type]
         and result.get("escrow_left_on_bids") == 0
     )
