@@ -1,0 +1,201 @@
+"""Many transfers at once (a round's settlement, failure or void): ``transfer_execute_many``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+import audit.services as audit
+from core.rows import rows_update
+from tenants.errors import TenantError
+from tenants.models import Account, Campaign, Entry, LedgerOperation, Tenant, Transfer
+
+from .transfers import (
+    _ROUTES,
+    _fingerprint,
+    _transfer_audit,
+    amount_validate,
+    credits,
+    platform_account,
+)
+
+
+@dataclass(frozen=True)
+class TransferOrder:
+    """One transfer of a batch (``transfer_execute_many``): the arguments of
+    ``transfer_execute``."""
+
+    kind: str
+    tenant: Tenant
+    amount: int
+    actor: AbstractBaseUser | None = None
+    reason: str = ""
+    reference: str = ""
+    campaign: Campaign | None = None
+    idempotency_key: str | None = None
+
+
+BATCH_ROWS = 2000  # rows per INSERT or UPDATE statement of a batch
+_KEYS_PER_READ = 10_000
+
+
+@transaction.atomic
+def transfer_execute_many(*, orders: Sequence[TransferOrder]) -> list[Transfer]:
+    """The transfers ``orders`` asks for, in order, all or none: what ``transfer_execute``
+    does one by one, in a number of statements that does not grow with the transfers (a
+    round's settlement moves money for every bid in it). Returns them in the orders' order.
+
+    The same rules and records: each order checked as ``transfer_execute`` checks it; every
+    account involved locked in one statement in primary-key order (the lock order of every
+    path); no tenant account overdrawn at any point of the sequence; two entries per transfer,
+    the balances moved, the idempotency records written and one audit event per transfer
+    with the content ``transfer_execute`` gives it, appended to the chain together. An order
+    whose key was applied before gets that earlier transfer and moves nothing. Raises
+    TenantError with the first refusal (a key used for something else, a refusal recorded
+    under a key, credits short), and then nothing is written.
+    """
+    for order in orders:
+        if order.kind not in _ROUTES:
+            raise TenantError(
+                f"unknown transfer kind {order.kind!r}; expected one of {sorted(_ROUTES)}"
+            )
+        amount_validate(order.amount)
+        if not isinstance(order.tenant, Tenant) or order.tenant.pk is None:
+            raise TenantError("transfer needs an existing tenant")
+        if order.campaign is not None and order.campaign.tenant_id != order.tenant.pk:
+            raise TenantError(
+                f"campaign {order.campaign.name!r} does not belong to tenant {order.tenant.slug!r}"
+            )
+    if not orders:
+        return []
+    accounts = _accounts_locked_many(orders)
+    keys = [order.idempotency_key for order in orders if order.idempotency_key]
+    if len(set(keys)) != len(keys):
+        raise TenantError("one idempotency key is used twice in one batch of transfers")
+    earlier: dict[str, LedgerOperation] = {}
+    for start in range(0, len(keys), _KEYS_PER_READ):
+        chunk = keys[start : start + _KEYS_PER_READ]
+        earlier.update(
+            (op.key, op)
+            for op in LedgerOperation.objects.select_related("transfer").filter(key__in=chunk)
+        )
+
+    done: list[Transfer | None] = [None] * len(orders)
+    new: list[tuple[int, TransferOrder, Account, Account]] = []
+    for i, order in enumerate(orders):
+        fingerprint = _fingerprint(order.kind, order.tenant, order.amount, order.reference)
+        previous = earlier.get(order.idempotency_key or "")
+        if previous is not None:
+            if previous.fingerprint != fingerprint:
+                raise TenantError(
+                    f"idempotency key {order.idempotency_key!r} was already used for a "
+                    f"different operation ({previous.fingerprint}); use a new key"
+                )
+            if previous.outcome == LedgerOperation.Outcome.REFUSED:
+                raise TenantError(previous.message)
+            done[i] = previous.transfer
+            continue
+        source_kind, destination_kind = _ROUTES[order.kind]
+        source = accounts[_account_key(order.tenant, source_kind)]
+        destination = accounts[_account_key(order.tenant, destination_kind)]
+        if source.tenant_id is not None and source.balance < order.amount:
+            raise TenantError(
+                f"insufficient credits: {order.kind} of {credits(order.amount)} needs "
+                f"{credits(order.amount)} in {order.tenant.slug}'s {source.kind} account, "
+                f"which holds {credits(source.balance)}"
+            )
+        source.balance -= order.amount
+        destination.balance += order.amount
+        new.append((i, order, source, destination))
+
+    now = timezone.now()
+    transfers = Transfer.objects.bulk_create(
+        [
+            Transfer(
+                kind=order.kind,
+                tenant=order.tenant,
+                amount=order.amount,
+                source=source,
+                destination=destination,
+                campaign=order.campaign,
+                reference=order.reference,
+                reason=order.reason,
+                actor=order.actor,
+                created_at=now,
+            )
+            for _, order, source, destination in new
+        ],
+        batch_size=BATCH_ROWS,
+    )
+    Entry.objects.bulk_create(
+        [
+            entry
+            for transfer, (_, order, source, destination) in zip(transfers, new, strict=True)
+            for entry in (
+                Entry(transfer=transfer, account=source, amount=-order.amount),
+                Entry(transfer=transfer, account=destination, amount=order.amount),
+            )
+        ],
+        batch_size=BATCH_ROWS,
+    )
+    # The rows are locked above, so their new balances can be written as values.
+    moved = {account.pk: account for _, _, s, d in new for account in (s, d)}
+    rows_update(list(moved.values()), ["balance"])
+    LedgerOperation.objects.bulk_create(
+        [
+            LedgerOperation(
+                key=order.idempotency_key,
+                fingerprint=_fingerprint(order.kind, order.tenant, order.amount, order.reference),
+                outcome=LedgerOperation.Outcome.APPLIED,
+                transfer=transfer,
+            )
+            for transfer, (_, order, _, _) in zip(transfers, new, strict=True)
+            if order.idempotency_key
+        ],
+        batch_size=BATCH_ROWS,
+    )
+    with audit.batch():
+        for transfer, (i, _, source, destination) in zip(transfers, new, strict=True):
+            _transfer_audit(transfer, source=source, destination=destination)
+            done[i] = transfer
+    return done  # type: ignore[return-value] - every order has its transfer now
+
+
+def _account_key(tenant: Tenant, kind: str) -> tuple[int | None, str]:
+    return (None if kind in Account.PLATFORM_KINDS else tenant.pk, kind)
+
+
+def _accounts_locked_many(orders: Sequence[TransferOrder]) -> dict[tuple[int | None, str], Account]:
+    """Every account the orders' routes touch, found and locked in one statement in
+    primary-key order, keyed by (tenant id or None, kind); platform accounts that do not
+    exist yet are created first. TenantError when a tenant lacks an account."""
+    tenants = {order.tenant.pk: order.tenant for order in orders}
+    kinds = {kind for order in orders for kind in _ROUTES[order.kind]}
+    platform = sorted(kind for kind in kinds if kind in Account.PLATFORM_KINDS)
+    own = sorted(kind for kind in kinds if kind not in Account.PLATFORM_KINDS)
+    wanted = Q(tenant_id__in=list(tenants), kind__in=own) | Q(
+        tenant__isnull=True, kind__in=platform
+    )
+    for _attempt in range(2):
+        locked = {
+            (a.tenant_id, a.kind): a
+            for a in Account.objects.select_for_update().filter(wanted).order_by("pk")
+        }
+        missing = [kind for kind in platform if (None, kind) not in locked]
+        if not missing:
+            break
+        for kind in missing:
+            platform_account(kind)
+    for order in orders:
+        for kind in _ROUTES[order.kind]:
+            account = locked.get(_account_key(order.tenant, kind))
+            if account is None:
+                raise TenantError(f"tenant {order.tenant.slug!r} has no {kind} account")
+            if account.tenant_id is not None:
+                account.tenant = order.tenant  # for str(account), without a query
+    return locked
