@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import CharField, Sum
+from django.db.models import CharField, Exists, OuterRef, Sum
 from django.db.models.functions import Cast
 
 from audit.models import AuditEvent
@@ -117,10 +117,15 @@ def _audit_mismatches() -> list[str]:
             batch = []
     if batch:
         check(batch)
-    transfer_ids = Transfer.objects.annotate(text_id=Cast("pk", CharField())).values("text_id")
+    # NOT EXISTS, which PostgreSQL runs as a hash anti-join. NOT IN (the list of ids) was
+    # searched row by row once the list outgrew work_mem: at 1.5 million transfers it had
+    # not finished after minutes.
+    recorded = Transfer.objects.annotate(text_id=Cast("pk", CharField())).filter(
+        text_id=OuterRef("object_id")
+    )
     orphans = (
         AuditEvent.objects.filter(object_type=object_type, action__startswith="ledger.")
-        .exclude(object_id__in=transfer_ids)
+        .filter(~Exists(recorded))
         .values_list("object_id", flat=True)
     )
     for object_id in orphans[:_AUDIT_REPORT_LIMIT]:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
 
+import audit.services as audit
 from tenants.errors import TenantError
 from tenants.ledger import (
     MAX_AMOUNT,
@@ -117,3 +121,40 @@ def test_verify_ledger_finds_an_unbalanced_transfer():
     Entry.objects.filter(pk=entry.pk).update(amount=999)
     problems = ledger_verify()
     assert any("entries sum to -1, not 0" in p for p in problems)
+
+
+def test_verify_ledger_names_a_transfer_without_its_audit_event_and_an_event_without_its_transfer():
+    t = factories.tenant(credits=1_000)
+    source = Account.objects.get(tenant=t, kind="available")
+    destination = Account.objects.get(tenant=t, kind="escrow")
+    # Written behind the ledger's back: a transfer (entries and balances right) no event records.
+    with transaction.atomic():
+        unrecorded = Transfer.objects.create(
+            kind="hold",
+            tenant=t,
+            amount=10,
+            source=source,
+            destination=destination,
+            created_at=timezone.now(),
+        )
+        Entry.objects.bulk_create(
+            [
+                Entry(transfer=unrecorded, account=source, amount=-10),
+                Entry(transfer=unrecorded, account=destination, amount=10),
+            ]
+        )
+        Account.objects.filter(pk=source.pk).update(balance=F("balance") - 10)
+        Account.objects.filter(pk=destination.pk).update(balance=F("balance") + 10)
+        # and an event for a transfer that does not exist
+        audit.record(
+            actor=None,
+            action="ledger.hold",
+            object_type=Transfer._meta.label_lower,
+            object_id=unrecorded.pk + 1000,
+            tenant=t,
+            after={"amount": 5},
+        )
+    problems = ledger_verify()
+    assert f"transfer {unrecorded.pk}: no audit event records it" in problems
+    assert f"audit event for transfer {unrecorded.pk + 1000}: the transfer is gone" in problems
+    assert len(problems) == 2
