@@ -17,10 +17,11 @@ from tenants.models import Account, Campaign, Entry, LedgerOperation, Tenant, Tr
 
 from .transfers import (
     _ROUTES,
+    _earlier,
     _fingerprint,
+    _order_check,
+    _short,
     _transfer_audit,
-    amount_validate,
-    credits,
     platform_account,
 )
 
@@ -60,17 +61,9 @@ def transfer_execute_many(*, orders: Sequence[TransferOrder]) -> list[Transfer]:
     under a key, credits short), and then nothing is written.
     """
     for order in orders:
-        if order.kind not in _ROUTES:
-            raise TenantError(
-                f"unknown transfer kind {order.kind!r}; expected one of {sorted(_ROUTES)}"
-            )
-        amount_validate(order.amount)
-        if not isinstance(order.tenant, Tenant) or order.tenant.pk is None:
-            raise TenantError("transfer needs an existing tenant")
-        if order.campaign is not None and order.campaign.tenant_id != order.tenant.pk:
-            raise TenantError(
-                f"campaign {order.campaign.name!r} does not belong to tenant {order.tenant.slug!r}"
-            )
+        _order_check(
+            kind=order.kind, tenant=order.tenant, amount=order.amount, campaign=order.campaign
+        )
     if not orders:
         return []
     accounts = _accounts_locked_many(orders)
@@ -91,23 +84,17 @@ def transfer_execute_many(*, orders: Sequence[TransferOrder]) -> list[Transfer]:
         fingerprint = _fingerprint(order.kind, order.tenant, order.amount, order.reference)
         previous = earlier.get(order.idempotency_key or "")
         if previous is not None:
-            if previous.fingerprint != fingerprint:
-                raise TenantError(
-                    f"idempotency key {order.idempotency_key!r} was already used for a "
-                    f"different operation ({previous.fingerprint}); use a new key"
-                )
-            if previous.outcome == LedgerOperation.Outcome.REFUSED:
-                raise TenantError(previous.message)
-            done[i] = previous.transfer
+            outcome = _earlier(previous, key=previous.key, fingerprint=fingerprint)
+            if outcome.transfer is None:
+                raise TenantError(outcome.refusal)
+            done[i] = outcome.transfer
             continue
         source_kind, destination_kind = _ROUTES[order.kind]
         source = accounts[_account_key(order.tenant, source_kind)]
         destination = accounts[_account_key(order.tenant, destination_kind)]
         if source.tenant_id is not None and source.balance < order.amount:
             raise TenantError(
-                f"insufficient credits: {order.kind} of {credits(order.amount)} needs "
-                f"{credits(order.amount)} in {order.tenant.slug}'s {source.kind} account, "
-                f"which holds {credits(source.balance)}"
+                _short(kind=order.kind, tenant=order.tenant, amount=order.amount, source=source)
             )
         source.balance -= order.amount
         destination.balance += order.amount

@@ -112,6 +112,39 @@ class _Outcome:
     refusal: str = ""
 
 
+def _order_check(*, kind: str, tenant: Tenant, amount: object, campaign: Campaign | None) -> None:
+    """TenantError unless a transfer of ``kind`` could be asked for with these arguments."""
+    if kind not in _ROUTES:
+        raise TenantError(f"unknown transfer kind {kind!r}; expected one of {sorted(_ROUTES)}")
+    amount_validate(amount)
+    if not isinstance(tenant, Tenant) or tenant.pk is None:
+        raise TenantError("transfer needs an existing tenant")
+    if campaign is not None and campaign.tenant_id != tenant.pk:
+        raise TenantError(f"campaign {campaign.name!r} does not belong to tenant {tenant.slug!r}")
+
+
+def _earlier(previous: LedgerOperation, *, key: str, fingerprint: str) -> _Outcome:
+    """What a key recorded before gives a retry: its transfer, its refusal, or a refusal
+    when the key was used for something else."""
+    if previous.fingerprint != fingerprint:
+        return _Outcome(
+            None,
+            f"idempotency key {key!r} was already used for a different operation "
+            f"({previous.fingerprint}); use a new key",
+        )
+    if previous.outcome == LedgerOperation.Outcome.REFUSED:
+        return _Outcome(None, previous.message)
+    return _Outcome(previous.transfer)
+
+
+def _short(*, kind: str, tenant: Tenant, amount: int, source: Account) -> str:
+    """The refusal when ``source`` (a tenant's account) holds less than ``amount``."""
+    return (
+        f"insufficient credits: {kind} of {credits(amount)} needs {credits(amount)} in "
+        f"{tenant.slug}'s {source.kind} account, which holds {credits(source.balance)}"
+    )
+
+
 def _transfer_locked(
     *,
     kind: str,
@@ -131,21 +164,10 @@ def _transfer_locked(
         # committed (we see it) or not started (we are first).
         previous = LedgerOperation.objects.filter(key=idempotency_key).first()
         if previous is not None:
-            if previous.fingerprint != fingerprint:
-                return _Outcome(
-                    None,
-                    f"idempotency key {idempotency_key!r} was already used for a different "
-                    f"operation ({previous.fingerprint}); use a new key",
-                )
-            if previous.outcome == LedgerOperation.Outcome.REFUSED:
-                return _Outcome(None, previous.message)
-            return _Outcome(previous.transfer)
+            return _earlier(previous, key=idempotency_key, fingerprint=fingerprint)
 
     if source.tenant_id is not None and source.balance < amount:
-        message = (
-            f"insufficient credits: {kind} of {credits(amount)} needs {credits(amount)} in "
-            f"{tenant.slug}'s {source.kind} account, which holds {credits(source.balance)}"
-        )
+        message = _short(kind=kind, tenant=tenant, amount=amount, source=source)
         if idempotency_key:
             LedgerOperation.objects.create(
                 key=idempotency_key,
@@ -231,13 +253,7 @@ def transfer_execute(
     same refusal, and never moves credits twice. (Inside a caller's transaction that later
     rolls back, the record of a refusal rolls back with it.)
     """
-    if kind not in _ROUTES:
-        raise TenantError(f"unknown transfer kind {kind!r}; expected one of {sorted(_ROUTES)}")
-    amount_validate(amount)
-    if not isinstance(tenant, Tenant) or tenant.pk is None:
-        raise TenantError("transfer needs an existing tenant")
-    if campaign is not None and campaign.tenant_id != tenant.pk:
-        raise TenantError(f"campaign {campaign.name!r} does not belong to tenant {tenant.slug!r}")
+    _order_check(kind=kind, tenant=tenant, amount=amount, campaign=campaign)
     try:
         # Only the idempotency key can make this fail with an IntegrityError that a caller
         # may want to survive, so only then is a savepoint worth its two round trips.
