@@ -16,10 +16,10 @@ from django.utils import timezone
 from audit.chain import GENESIS_HASH, event_hash, fields_of
 from audit.keys import signing_key
 from audit.models import AuditEvent
+from core.rows import rows_insert
 
 # Any fixed 64-bit key: the advisory lock that serialises appends to the chain on PostgreSQL.
 _CHAIN_LOCK_KEY = 7_412_001
-APPEND_ROWS = 2000  # events per INSERT when a batch appends many (a round's settlement)
 
 
 class AuditError(Exception):
@@ -92,7 +92,7 @@ def _append(events: list[AuditEvent]) -> None:
         event.seq, event.prev_hash, event.key_id = seq, prev_hash, key_id
         event.hash = event_hash(key=key, **fields_of(event))
         prev_hash = event.hash
-    AuditEvent.objects.bulk_create(events, batch_size=APPEND_ROWS)
+    rows_insert(events)
 
 
 def record(

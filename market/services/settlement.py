@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 
 import audit.services as audit
-from core.rows import rows_update
+from core.rows import rows_insert, rows_update
 from market.errors import MarketError
 from market.models import Allocation, Bid, BidLimit, Round, Tier
 from market.outcomes import RoundFacts, bid_reason
@@ -135,7 +135,7 @@ def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
         revenue += charge_total
     transfer_execute_many(orders=orders)
     _place(rnd, allocations, bids)
-    Allocation.objects.bulk_create(allocations)
+    rows_insert(allocations)
     rows_update(bids, ["status", "escrow", "updated_at", "outcome", "outcome_reason"])
     _tenant_notices(rnd, bids)
     placed = [a.pk for a in allocations if a.placement]

@@ -7,7 +7,7 @@ serialise on the rows they touch and can never overdraw a tenant account; the da
 check constraint is the last line behind that.
 """
 
-from .batch import BATCH_ROWS, TransferOrder, transfer_execute_many
+from .batch import TransferOrder, transfer_execute_many
 from .reads import Balance, balance_get, ledger_verify
 from .transfers import (
     MAX_AMOUNT,
@@ -26,7 +26,6 @@ from .transfers import (
 )
 
 __all__ = [
-    "BATCH_ROWS",
     "MAX_AMOUNT",
     "MILLI",
     "Balance",

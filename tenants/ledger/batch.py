@@ -11,7 +11,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 import audit.services as audit
-from core.rows import rows_update
+from core.rows import rows_insert, rows_update
 from tenants.errors import TenantError
 from tenants.models import Account, Campaign, Entry, LedgerOperation, Tenant, Transfer
 
@@ -41,7 +41,6 @@ class TransferOrder:
     idempotency_key: str | None = None
 
 
-BATCH_ROWS = 2000  # rows per INSERT or UPDATE statement of a batch
 _KEYS_PER_READ = 10_000
 
 
@@ -101,50 +100,46 @@ def transfer_execute_many(*, orders: Sequence[TransferOrder]) -> list[Transfer]:
         new.append((i, order, source, destination))
 
     now = timezone.now()
-    transfers = Transfer.objects.bulk_create(
-        [
-            Transfer(
-                kind=order.kind,
-                tenant=order.tenant,
-                amount=order.amount,
-                source=source,
-                destination=destination,
-                campaign=order.campaign,
-                reference=order.reference,
-                reason=order.reason,
-                actor=order.actor,
-                created_at=now,
-            )
-            for _, order, source, destination in new
-        ],
-        batch_size=BATCH_ROWS,
-    )
-    Entry.objects.bulk_create(
+    transfers = [
+        Transfer(
+            kind=order.kind,
+            tenant=order.tenant,
+            amount=order.amount,
+            source=source,
+            destination=destination,
+            campaign=order.campaign,
+            reference=order.reference,
+            reason=order.reason,
+            actor=order.actor,
+            created_at=now,
+        )
+        for _, order, source, destination in new
+    ]
+    rows_insert(transfers)
+    rows_insert(
         [
             entry
             for transfer, (_, order, source, destination) in zip(transfers, new, strict=True)
             for entry in (
-                Entry(transfer=transfer, account=source, amount=-order.amount),
-                Entry(transfer=transfer, account=destination, amount=order.amount),
+                Entry(transfer_id=transfer.pk, account_id=source.pk, amount=-order.amount),
+                Entry(transfer_id=transfer.pk, account_id=destination.pk, amount=order.amount),
             )
-        ],
-        batch_size=BATCH_ROWS,
+        ]
     )
     # The rows are locked above, so their new balances can be written as values.
     moved = {account.pk: account for _, _, s, d in new for account in (s, d)}
     rows_update(list(moved.values()), ["balance"])
-    LedgerOperation.objects.bulk_create(
+    rows_insert(
         [
             LedgerOperation(
                 key=order.idempotency_key,
                 fingerprint=_fingerprint(order.kind, order.tenant, order.amount, order.reference),
                 outcome=LedgerOperation.Outcome.APPLIED,
-                transfer=transfer,
+                transfer_id=transfer.pk,
             )
             for transfer, (_, order, _, _) in zip(transfers, new, strict=True)
             if order.idempotency_key
-        ],
-        batch_size=BATCH_ROWS,
+        ]
     )
     with audit.batch():
         for transfer, (i, _, source, destination) in zip(transfers, new, strict=True):

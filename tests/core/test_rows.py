@@ -1,17 +1,20 @@
-"""rows_update: each row gets its own values, in one statement per PG_ROWS rows."""
+"""rows_update: each row gets its own values, in one statement per PG_ROWS rows. rows_insert:
+the rows bulk_create would write, their keys set, refused whole as a save refuses."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import core.rows
-from core.rows import rows_update
+from audit.models import AuditEvent
+from core.rows import rows_insert, rows_update
 from market.models import Bid
 from market.services import bid_place
+from tenants.models import Account, Entry, LedgerOperation, Transfer
 from tests import factories
 from tests.market.marketkit import T0, market_make
 
@@ -54,3 +57,119 @@ def test_every_row_gets_its_own_values_and_no_other_row_changes(monkeypatch):
         )
     row = Bid.objects.get(pk=untouched.pk)
     assert (row.status, row.escrow) == ("open", untouched.escrow)
+
+
+# Text that COPY's format must carry through: its separators, escapes and NULL marker.
+AWKWARD = "tab\there, newline\nthere, back\\slash, \\N, quote ' and \" and é"
+
+
+def _transfers(tenant, n: int, tag: str) -> list[Transfer]:
+    main, held = Account.objects.filter(tenant=tenant).order_by("pk")[:2]
+    when = datetime(2030, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC)
+    return [
+        Transfer(
+            kind=Transfer.Kind.HOLD,
+            tenant=tenant,
+            amount=1_000 + i,
+            source=main,
+            destination=held,
+            reference=f"{tag}:{i}",
+            reason=AWKWARD if i % 2 else "",
+            created_at=when + timedelta(seconds=i),
+        )
+        for i in range(n)
+    ]
+
+
+def _events(n: int, tag: str) -> list[AuditEvent]:
+    when = datetime(2030, 1, 2, tzinfo=UTC)
+    return [
+        AuditEvent(
+            seq=10_000 + i + (0 if tag == "a" else 100),
+            created_at=when,
+            actor_label=AWKWARD,
+            action="test.copy",
+            object_id=str(i),
+            before=None if i % 2 else {"text": AWKWARD, "n": [1, 2.5, None, True]},
+            after=[AWKWARD, {"nested": {"deep": i}}],
+            prev_hash=f"{tag}{i:063d}",
+            key_id="k",
+            hash=f"{tag}{i:063x}",
+        )
+        for i in range(n)
+    ]
+
+
+def _row(obj, skip=("id", "created_at", "reference", "transfer_id", "seq", "hash", "prev_hash")):
+    return {
+        f.attname: getattr(obj, f.attname)
+        for f in obj._meta.concrete_fields
+        if f.attname not in skip
+    }
+
+
+def test_rows_insert_writes_the_rows_bulk_create_writes_and_sets_their_keys(monkeypatch):
+    monkeypatch.setattr(core.rows, "COPY_FROM_ROWS", 1)  # COPY even for a few rows
+    tenant = factories.tenant(credits=10**6)
+    by_bulk, by_copy = _transfers(tenant, 4, "bulk"), _transfers(tenant, 4, "copy")
+    Transfer.objects.bulk_create(by_bulk)
+    rows_insert(by_copy)
+    keys = [t.pk for t in by_copy]
+    assert keys == sorted(keys) and min(keys) > max(t.pk for t in by_bulk)
+    assert all(not t._state.adding and t._state.db == "default" for t in by_copy)
+    for bulk, copied in zip(by_bulk, by_copy, strict=True):
+        a, b = Transfer.objects.get(pk=bulk.pk), Transfer.objects.get(pk=copied.pk)
+        assert _row(a) == _row(b) == _row(copied)
+        assert b.created_at == copied.created_at and b.reference == copied.reference
+
+    # A related row assigned before it had its key gets the key (as a save does), and a
+    # field Django fills on insert (auto_now_add) is filled.
+    later = _transfers(tenant, 2, "later")
+    ops = [
+        LedgerOperation(key=f"k{i}", fingerprint="f", outcome="applied", transfer=t)
+        for i, t in enumerate(later)
+    ]
+    rows_insert(later)
+    rows_insert(ops)
+    for op, t in zip(ops, later, strict=True):
+        row = LedgerOperation.objects.get(pk=op.pk)
+        assert row.transfer_id == t.pk and row.created_at is not None
+
+    events_bulk, events_copy = _events(3, "a"), _events(3, "b")
+    AuditEvent.objects.bulk_create(events_bulk)
+    rows_insert(events_copy)
+    for bulk, copied in zip(events_bulk, events_copy, strict=True):
+        assert _row(AuditEvent.objects.get(pk=bulk.pk)) == _row(
+            AuditEvent.objects.get(pk=copied.pk)
+        )
+
+
+def test_rows_insert_refuses_an_unsaved_related_row_and_a_bad_row_writes_nothing(monkeypatch):
+    monkeypatch.setattr(core.rows, "COPY_FROM_ROWS", 1)
+    tenant = factories.tenant(credits=10**6)
+    unsaved = _transfers(tenant, 1, "unsaved")[0]
+    with pytest.raises(ValueError, match="transfer of a tenants.LedgerOperation row"):
+        rows_insert(
+            [LedgerOperation(key="x", fingerprint="f", outcome="applied", transfer=unsaved)]
+        )
+    with pytest.raises(ValueError, match="already has its primary key"):
+        rows_insert([_saved(tenant)])
+
+    transfers = _transfers(tenant, 1, "bad")
+    rows_insert(transfers)
+    account = Account.objects.filter(tenant=tenant).first()
+    before = Entry.objects.count()
+    # The database's own check (no entry of 0) refuses the third row: Django's error, and
+    # the rows before it are not left behind.
+    entries = [
+        Entry(transfer=transfers[0], account=account, amount=amount) for amount in (5, -5, 0)
+    ]
+    with pytest.raises(IntegrityError), transaction.atomic():
+        rows_insert(entries)
+    assert Entry.objects.count() == before
+
+
+def _saved(tenant) -> Transfer:
+    transfer = _transfers(tenant, 1, "saved")[0]
+    transfer.save()
+    return transfer
