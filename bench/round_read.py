@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             d = outcome.diagnostics
             print(
                 f"{mechanism}: {total:.2f} s in all (read {read:.2f} s, "
-                f"{partition_parts(int(data.bid_ids.size))} parts on {args.workers} processes, "
+                f"{partition_parts(int(data.bid_ids.size), mechanism=mechanism)} parts on "
+                f"{args.workers} processes, "
                 f"slowest part {max(d['part_seconds']):.2f} s, parts' sum "
                 f"{sum(d['part_seconds']):.1f} s), {int(outcome.gpus.sum())} GPUs awarded, "
                 f"status {d['status']}",

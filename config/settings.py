@@ -332,12 +332,17 @@ CELERY_TIMEZONE = "UTC"
 
 # Partitioned clearing: a round with at least this many open bids is split into sub-markets
 # cleared in parallel on the clearing_parts queue (market/clearing/partition.py); below it the
-# exact clear runs. Parts: GPUMARKET_PARTITION_PARTS at least, more when needed to keep each
-# to GPUMARKET_PARTITION_BIDS_PER_PART bids (fisher's and maxmin's solvers grow faster than
-# the bids: a million bids cleared in 8 parts of 125k took 55-67 s, in 32 parts 33-39 s, on
-# two cores, docs/clearing.md). A part that has not come back within
+# exact clear runs. The threshold is GPUMARKET_PARTITION_ABOVE_BIDS for welfare (a min-cost
+# flow, about 2 s at 100k bids) and GPUMARKET_PARTITION_FAIR_ABOVE_BIDS for fisher and
+# maxmin, whose programs grow faster than the bids: maxmin's LP took 8.7 s at 70k bids and
+# reached the default 10 s time limit at 99k on two cores, which failed the round, while
+# parts lose 0.05 % or less of their objective (docs/clearing.md). Parts:
+# GPUMARKET_PARTITION_PARTS at least, more when needed to keep each to
+# GPUMARKET_PARTITION_BIDS_PER_PART bids (a million bids cleared in 8 parts of 125k took
+# 55-67 s, in 32 parts 33-39 s, on two cores). A part that has not come back within
 # GPUMARKET_PARTITION_TIMEOUT_SECONDS fails the round (every hold released).
 GPUMARKET_PARTITION_ABOVE_BIDS = env_int("GPUMARKET_PARTITION_ABOVE_BIDS", 100_000)
+GPUMARKET_PARTITION_FAIR_ABOVE_BIDS = env_int("GPUMARKET_PARTITION_FAIR_ABOVE_BIDS", 40_000)
 GPUMARKET_PARTITION_PARTS = env_int("GPUMARKET_PARTITION_PARTS", 4)
 GPUMARKET_PARTITION_BIDS_PER_PART = env_int("GPUMARKET_PARTITION_BIDS_PER_PART", 30_000)
 GPUMARKET_PARTITION_TIMEOUT_SECONDS = env_int("GPUMARKET_PARTITION_TIMEOUT_SECONDS", 240)

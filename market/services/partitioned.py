@@ -25,11 +25,21 @@ from market.clearing.partition import clear_part, clear_partitioned
 logger = logging.getLogger(__name__)
 
 
-def partition_parts(n_bids: int) -> int:
-    """How many parts a round of ``n_bids`` open bids is cleared in (1 = exact): at least
+FAIR_MECHANISMS = frozenset({"fisher", "maxmin"})  # partitioned from the lower threshold
+
+
+def partition_parts(n_bids: int, *, mechanism: str = "welfare") -> int:
+    """How many parts a round of ``n_bids`` open bids is cleared in under ``mechanism``
+    (1 = exact): none below GPUMARKET_PARTITION_ABOVE_BIDS (welfare) or
+    GPUMARKET_PARTITION_FAIR_ABOVE_BIDS (fisher, maxmin); above, at least
     GPUMARKET_PARTITION_PARTS, and enough to keep each part to
     GPUMARKET_PARTITION_BIDS_PER_PART bids."""
-    if n_bids < settings.GPUMARKET_PARTITION_ABOVE_BIDS:
+    threshold = (
+        settings.GPUMARKET_PARTITION_FAIR_ABOVE_BIDS
+        if mechanism in FAIR_MECHANISMS
+        else settings.GPUMARKET_PARTITION_ABOVE_BIDS
+    )
+    if n_bids < threshold:
         return 1
     per_part = settings.GPUMARKET_PARTITION_BIDS_PER_PART
     if per_part < 1:

@@ -177,7 +177,7 @@ def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
     params = dict(policy.params or {})
     quotas = _quotas(params.pop(QUOTAS_PARAM, None), data=data)
     arrays = _arrays(data=data, policy=policy, reserves=reserves)
-    parts = partition_parts(int(data.bid_ids.size))
+    parts = partition_parts(int(data.bid_ids.size), mechanism=policy.mechanism)
     if parts > 1:
         result = clear_in_parts(
             arrays, mechanism=policy.mechanism, params=params or None, quotas=quotas, parts=parts

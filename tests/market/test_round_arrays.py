@@ -117,3 +117,24 @@ def test_a_budget_beyond_the_solvers_range_is_refused_by_name():
     policy = PolicyVersion(reserve_prices={}, max_share_pct={})
     with pytest.raises(clearing.ClearingError, match="above the solver's"):
         _arrays(data=data, policy=policy, reserves=np.zeros(3, dtype=np.int64))
+
+
+def test_a_round_is_cleared_in_parts_from_its_mechanisms_threshold(settings, monkeypatch):
+    from market.services import round_clearing
+
+    settings.GPUMARKET_PARTITION_ABOVE_BIDS = 10**9
+    settings.GPUMARKET_PARTITION_FAIR_ABOVE_BIDS = 100
+    parted = []
+
+    def in_parts(arrays, *, mechanism, params, quotas, parts):
+        parted.append((mechanism, parts))
+        return clearing.clear_arrays(arrays, mechanism=mechanism, params=params, quotas=quotas)
+
+    monkeypatch.setattr(round_clearing, "clear_in_parts", in_parts)
+    data = _data(np.random.default_rng(3), bids=300, tenants=12)
+    for mechanism in ("welfare", "maxmin", "fisher"):
+        policy = PolicyVersion(mechanism=mechanism, reserve_prices={}, max_share_pct={})
+        round_clearing.solve(data=data, policy=policy)
+    assert parted == [("maxmin", settings.GPUMARKET_PARTITION_PARTS)] + [
+        ("fisher", settings.GPUMARKET_PARTITION_PARTS)
+    ]
