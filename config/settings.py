@@ -281,12 +281,12 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
     }
 else:
-    # Longer than the longest task (CELERY_TASK_TIME_LIMIT) so a slow task is not redelivered
-    # while it still runs.
+    # Longer than the longest task (GPUMARKET_ROUND_TASK_TIME_LIMIT, below) so a slow task is
+    # not redelivered while it still runs.
     # A message a killed worker never acknowledged is redelivered once it is this old (seconds);
     # the crash test sets a few seconds so redelivery happens within the test.
     CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "visibility_timeout": env_int("CELERY_BROKER_VISIBILITY_TIMEOUT", 3600)
+        "visibility_timeout": env_int("CELERY_BROKER_VISIBILITY_TIMEOUT", 7200)
     }
 # Results are kept only for the parts of a partitioned clear (market.clear_part), which the
 # clearing task gathers; every other task ignores its result. On Redis they go to the broker's
@@ -301,6 +301,12 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 300)
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 360)
+# The tasks that close, clear and settle rounds (market.rounds_tick, market.round_clear) have
+# their own limits: a round settles in one transaction, and a million bids took 764 s on two
+# cores (docs/market.md). Under the limits above such a round's tick was stopped mid-settlement,
+# rolled back, and begun again by the next tick, so the round never settled.
+GPUMARKET_ROUND_TASK_SOFT_TIME_LIMIT = env_int("GPUMARKET_ROUND_TASK_SOFT_TIME_LIMIT", 3600)
+GPUMARKET_ROUND_TASK_TIME_LIMIT = env_int("GPUMARKET_ROUND_TASK_TIME_LIMIT", 3660)
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {
     # The parts of a partitioned clear have their own queue, so the workers that clear them

@@ -11,6 +11,7 @@ import logging
 import os
 
 from celery import shared_task
+from django.conf import settings
 
 from market import clearing
 from market.clearing.columns import arrays_from_json
@@ -21,7 +22,14 @@ from market.services import round_process, rounds_tick
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name="market.rounds_tick")
+# Closing, clearing and settling a very large round takes minutes (config/settings.py).
+ROUND_LIMITS = {
+    "soft_time_limit": settings.GPUMARKET_ROUND_TASK_SOFT_TIME_LIMIT,
+    "time_limit": settings.GPUMARKET_ROUND_TASK_TIME_LIMIT,
+}
+
+
+@shared_task(name="market.rounds_tick", **ROUND_LIMITS)
 def rounds_tick_task() -> dict:
     """Beat, every few seconds: clear, settle and judge due rounds, open the next, finish
     ended ones."""
@@ -40,7 +48,7 @@ def rounds_tick_task() -> dict:
     }
 
 
-@shared_task(name="market.round_clear")
+@shared_task(name="market.round_clear", **ROUND_LIMITS)
 def round_clear_task(round_id: int) -> str:
     """Close (if due), clear, settle and judge one round now instead of waiting for the tick."""
     try:
