@@ -42,6 +42,7 @@ class TransferOrder:
 
 
 _KEYS_PER_READ = 10_000
+WRITE_SLICE = 50_000  # transfers whose rows are built and written together
 
 
 @transaction.atomic
@@ -100,51 +101,58 @@ def transfer_execute_many(*, orders: Sequence[TransferOrder]) -> list[Transfer]:
         new.append((i, order, source, destination))
 
     now = timezone.now()
-    transfers = [
-        Transfer(
-            kind=order.kind,
-            tenant=order.tenant,
-            amount=order.amount,
-            source=source,
-            destination=destination,
-            campaign=order.campaign,
-            reference=order.reference,
-            reason=order.reason,
-            actor=order.actor,
-            created_at=now,
-        )
-        for _, order, source, destination in new
-    ]
-    rows_insert(transfers)
-    rows_insert(
-        [
-            entry
-            for transfer, (_, order, source, destination) in zip(transfers, new, strict=True)
-            for entry in (
-                Entry(transfer_id=transfer.pk, account_id=source.pk, amount=-order.amount),
-                Entry(transfer_id=transfer.pk, account_id=destination.pk, amount=order.amount),
+    # The rows are written a slice of transfers at a time, so that a round of a million bids
+    # does not hold every entry, idempotency record and audit event at once; the slices are
+    # in order, in this one transaction.
+    for start in range(0, len(new), WRITE_SLICE):
+        part = new[start : start + WRITE_SLICE]
+        transfers = [
+            Transfer(
+                kind=order.kind,
+                tenant=order.tenant,
+                amount=order.amount,
+                source=source,
+                destination=destination,
+                campaign=order.campaign,
+                reference=order.reference,
+                reason=order.reason,
+                actor=order.actor,
+                created_at=now,
             )
+            for _, order, source, destination in part
         ]
-    )
+        rows_insert(transfers)
+        rows_insert(
+            [
+                entry
+                for transfer, (_, order, source, destination) in zip(transfers, part, strict=True)
+                for entry in (
+                    Entry(transfer_id=transfer.pk, account_id=source.pk, amount=-order.amount),
+                    Entry(transfer_id=transfer.pk, account_id=destination.pk, amount=order.amount),
+                )
+            ]
+        )
+        rows_insert(
+            [
+                LedgerOperation(
+                    key=order.idempotency_key,
+                    fingerprint=_fingerprint(
+                        order.kind, order.tenant, order.amount, order.reference
+                    ),
+                    outcome=LedgerOperation.Outcome.APPLIED,
+                    transfer_id=transfer.pk,
+                )
+                for transfer, (_, order, _, _) in zip(transfers, part, strict=True)
+                if order.idempotency_key
+            ]
+        )
+        with audit.batch():
+            for transfer, (i, _, source, destination) in zip(transfers, part, strict=True):
+                _transfer_audit(transfer, source=source, destination=destination)
+                done[i] = transfer
     # The rows are locked above, so their new balances can be written as values.
     moved = {account.pk: account for _, _, s, d in new for account in (s, d)}
     rows_update(list(moved.values()), ["balance"])
-    rows_insert(
-        [
-            LedgerOperation(
-                key=order.idempotency_key,
-                fingerprint=_fingerprint(order.kind, order.tenant, order.amount, order.reference),
-                outcome=LedgerOperation.Outcome.APPLIED,
-                transfer_id=transfer.pk,
-            )
-            for transfer, (_, order, _, _) in zip(transfers, new, strict=True)
-            if order.idempotency_key
-        ]
-    )
-    with audit.batch():
-        for transfer, (i, _, source, destination) in zip(transfers, new, strict=True):
-            _transfer_audit(transfer, source=source, destination=destination)
-            done[i] = transfer
     return done  # type: ignore[return-value] - every order has its transfer now
 
 

@@ -75,6 +75,41 @@ def test_a_batch_moves_what_the_same_transfers_one_by_one_move():
     assert ledger_verify() == []
 
 
+def test_a_batch_written_in_slices_writes_what_it_writes_at_once(monkeypatch):
+    import tenants.ledger.batch as batch
+
+    whole = (
+        factories.tenant(name="Whole A", credits=10_000),
+        factories.tenant(name="Whole B", credits=1_000),
+    )
+    transfer_execute_many(orders=_orders(*whole, tag="whole-"))
+    monkeypatch.setattr(batch, "WRITE_SLICE", 4)  # six transfers: two slices
+    sliced = (
+        factories.tenant(name="Sliced A", credits=10_000),
+        factories.tenant(name="Sliced B", credits=1_000),
+    )
+    transfers = transfer_execute_many(orders=_orders(*sliced, tag="sliced-"))
+
+    assert [t.amount for t in transfers] == [o.amount for o in _orders(*sliced)]
+    assert [t.pk for t in transfers] == sorted(t.pk for t in transfers)
+    for x, y in zip(whole, sliced, strict=True):
+        assert balance_get(tenant=x) == balance_get(tenant=y)
+        assert (
+            Entry.objects.filter(transfer__tenant=x).count()
+            == Entry.objects.filter(transfer__tenant=y).count()
+        )
+    # One event per transfer, in the orders' order, each naming its own transfer.
+    events = list(
+        AuditEvent.objects.filter(action__startswith="ledger.", tenant__in=sliced)
+        .exclude(action="ledger.grant")
+        .order_by("seq")
+        .values_list("object_id", flat=True)
+    )
+    assert events == [str(t.pk) for t in transfers]
+    assert LedgerOperation.objects.filter(key__in=["sliced-h1", "sliced-c2"]).count() == 2
+    assert ledger_verify() == []
+
+
 def test_an_overdraft_anywhere_in_the_batch_refuses_all_of_it_with_the_numbers():
     a = factories.tenant(credits=10_000)
     b = factories.tenant(credits=500)  # short of its 700 hold
