@@ -35,7 +35,7 @@ import scipy.sparse as sp
 
 from . import lp
 from .errors import SolverError
-from .guarantee import guarantees
+from .guarantee import guarantee_bundles, guarantees
 from .program import guarantee_rows, market_program, residual, utility_rows
 from .rounding import round_whole
 from .rules import EPS, Market, OpenMarket, Outcome, open_market
@@ -175,7 +175,7 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
     # guarantees (shares of the weighted tenants) from forcing a buyer's utility to 0.
     left_out = (budget <= 0) | ((a.weight <= 0) & bool((a.weight > 0).any()))
     budget = np.where(left_out, 0.0, budget)
-    g = guarantees(market, v)
+    g, bundle = guarantee_bundles(market, v)
     held = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
     om = open_market(market)
     # Only arcs that can carry a GPU enter: a log term whose utility is forced to 0 has no
@@ -255,7 +255,7 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
         values=values,
         arc_value=v,
         guarantee=g,
-        fair=g if market.divisible else guarantees(market, v, fractional=True),
+        fair=g if market.divisible else guarantees(market, v, fractional=True, start=bundle),
         budget_cap=np.where(np.isnan(a.budget), np.inf, a.budget),
     )
 

@@ -20,13 +20,23 @@ CHUNK_ARCS = 2000  # arcs per transport LP (the fallback)
 BIG_TENANT_BIDS = 2_000
 
 
-def guarantees(market: Market, arc_value: np.ndarray, *, fractional: bool = False) -> np.ndarray:
+def guarantees(
+    market: Market,
+    arc_value: np.ndarray,
+    *,
+    fractional: bool = False,
+    start: np.ndarray | None = None,
+) -> np.ndarray:
     """g_i (N,): see ``guarantee_bundles``."""
-    return guarantee_bundles(market, arc_value, fractional=fractional)[0]
+    return guarantee_bundles(market, arc_value, fractional=fractional, start=start)[0]
 
 
 def guarantee_bundles(
-    market: Market, arc_value: np.ndarray, *, fractional: bool = False
+    market: Market,
+    arc_value: np.ndarray,
+    *,
+    fractional: bool = False,
+    start: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(g (N,), y (E,)): the value, in ``arc_value`` units, each tenant is guaranteed, and the
     bundle that achieves it (GPUs per arc, whole in whole-GPU mode); shares are
@@ -38,7 +48,9 @@ def guarantee_bundles(
     solved greedily for tenants with one such bid and, for the others, all at once by
     longest augmenting paths (transport.py; exact for any data, whole bundles from whole
     shares), with an LP per chunk of tenants for a tenant that path search left unsolved
-    and for a tenant of more than BIG_TENANT_BIDS bids.
+    and for a tenant of more than BIG_TENANT_BIDS bids. ``start`` (E,): bundles of the same
+    values for shares no larger (the whole-share bundles, for the fractional normaliser),
+    from which the path search begins instead of from nothing.
     """
     a = market.arrays
     N = a.n_tenants
@@ -72,6 +84,7 @@ def guarantee_bundles(
             a.quantity[a.arc_bid[paths]],
             share[market.arc_group[paths]],
             a.n_tiers,
+            start=None if start is None else start[paths],
         )
         left = np.sort(np.r_[paths[~solved], many[big]])
         if left.size:

@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from .guarantee import guarantees
+from .guarantee import guarantee_bundles, guarantees
 from .program import Skeleton, guarantee_rows, market_program, utility_rows
 from .rounding import round_whole
-from .rules import EPS, Market, Outcome, open_market
+from .rules import EPS, Market, Outcome, gangs_whole, open_market
 from .values import tenant_values
 
 MILP_COLUMNS = 600  # whole-GPU programs up to this many arcs are solved exactly
@@ -115,8 +115,8 @@ def maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:
     time_limit = float(params["time_limit"])
     values = tenant_values(market, params["values"])
     v = values[a.arc_tenant, a.arc_tier]
-    e = guarantees(market, v, fractional=True)
-    g = guarantees(market, v)
+    g, bundle = guarantee_bundles(market, v)
+    e = guarantees(market, v, fractional=True, start=bundle)
     held = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
     om = open_market(market)
     common = dict(v=v, e=e, g=g, held=held, market=market, time_limit=time_limit)
@@ -133,6 +133,7 @@ def maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:
         x[sk.cols] = xs
     else:
         x[sk.cols] = xs if market.divisible else np.rint(xs)
+        x = gangs_whole(market, x)
     loss, rounding_seconds = 0.0, 0.0
     denom = np.where(e > EPS, e, np.inf)
     if exact and not market.divisible and status != "fallback":

@@ -53,6 +53,16 @@ def whole(values: np.ndarray, divisible: bool) -> np.ndarray:
     return values if divisible else np.floor(values + EPS)
 
 
+def gangs_whole(market: Market, x: np.ndarray) -> np.ndarray:
+    """``x`` (E,) with every gang bid below its minimum set to 0: a mixed-integer solve may
+    leave a gang it turned down a few 1e-7 GPUs (its switch is 0 only within the solver's
+    integrality tolerance), and a gang is all or nothing."""
+    a = market.arrays
+    got = np.bincount(a.arc_bid, weights=x, minlength=a.n_bids)
+    short = market.is_gang & (got < a.min_quantity - 1e-6)
+    return np.where(short[a.arc_bid], 0.0, x)
+
+
 def segment_starts(keys: np.ndarray) -> np.ndarray:
     """Start offsets of the runs of equal values in a sorted key array."""
     if keys.size == 0:

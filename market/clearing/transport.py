@@ -20,7 +20,18 @@ found on a graph of T tier nodes per tenant:
 The longest entry-to-exit path is found by Bellman-Ford over the tiers (a path has at most
 T - 1 moves), and as much flow as the path allows is pushed along it. Pushing along a longest
 path keeps the flow optimal for its size, and a tenant is done when no path gains, so the
-result is each problem's optimum. Among several optima the one reached is fixed by the data:
+result is each problem's optimum.
+
+A start (``start``: a flow that is optimal for smaller shares, such as the bundles of the
+shares floored to whole GPUs) saves most of the rounds of a second, larger problem. It is
+feasible for the larger shares but may no longer be optimal for its size: a GPU can now be
+better on a tier whose share grew. So a path may also begin by freeing a GPU of a tier the
+tenant uses (gaining nothing), then move bids as above: the longest path from either
+beginning to a tier with room is the longest path from the sink back to it in the residual
+network, and pushing along it keeps the flow optimal for its size, as from nothing (successive
+longest paths with the sink as their source). Without a start no path begins that way.
+
+Among several optima the one reached is fixed by the data:
 ties between bids go to the lower bid id, between tiers to the lower tier index. Every
 amount pushed is a difference of the data, so whole quantities and shares give whole
 bundles.
@@ -33,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 NONE = -1
+FREED = -2  # a path that begins by freeing a GPU of its first tier (from a start)
 ROUND_LIMIT = 10_000  # augmenting rounds before the tenants left are handed back unsolved
 CELLS = 4_000_000  # most (tenant, tier, tier) cells held at once; more tenants go in blocks
 
@@ -45,31 +57,34 @@ def best_bundles(
     quantity: np.ndarray,
     share: np.ndarray,
     n_tiers: int,
+    *,
+    start: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(y, solved): GPUs per arc of each tenant's best bundle, and per arc whether its tenant's
     problem was solved (False only for a tenant still improving after ROUND_LIMIT rounds).
 
     Arrays per arc, sorted by bid (a bid's arcs are adjacent, one per tier): ``arc_bid``,
     ``arc_tenant``, ``arc_tier``, ``value`` (v_e > 0); per arc too, ``quantity`` (q of the
-    arc's bid) and ``share`` (s of the arc's tenant and tier)."""
+    arc's bid) and ``share`` (s of the arc's tenant and tier). ``start`` (per arc): a flow
+    each tenant's problem begins from, optimal for shares no larger than ``share``."""
     y = np.zeros(arc_bid.size)
     solved = np.ones(arc_bid.size, dtype=bool)
     if arc_bid.size == 0:
         return y, solved
     tenants, tenant_row = np.unique(arc_tenant, return_inverse=True)
     per_block = max(1, CELLS // (n_tiers * n_tiers))
-    for start in range(0, tenants.size, per_block):
-        arcs = np.flatnonzero((tenant_row >= start) & (tenant_row < start + per_block))
+    for first in range(0, tenants.size, per_block):
+        arcs = np.flatnonzero((tenant_row >= first) & (tenant_row < first + per_block))
         problem = _Problem(
             bid=arc_bid[arcs],
-            tenant=tenant_row[arcs] - start,
+            tenant=tenant_row[arcs] - first,
             tier=arc_tier[arcs],
             value=value[arcs].astype(float),
             quantity=quantity[arcs].astype(float),
             share=share[arcs].astype(float),
             n_tiers=n_tiers,
         )
-        y[arcs], solved[arcs] = problem.solve()
+        y[arcs], solved[arcs] = problem.solve(None if start is None else start[arcs])
     return y, solved
 
 
@@ -115,11 +130,11 @@ class _Problem:
         order = _order(self.cell[move_from] * T + tier[move_to], gain, move_from)
         self.move_from, self.move_to, self.move_gain = move_from[order], move_to[order], gain[order]
 
-    def solve(self) -> tuple[np.ndarray, np.ndarray]:
+    def solve(self, start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         T = self.T
-        y = np.zeros(self.value.size)
-        bid_room = self.quantity.copy()
-        cell_room = self.share.copy()
+        y = np.zeros(self.value.size) if start is None else start.astype(float)
+        bid_room = self.quantity - np.bincount(self.bid_row, y, self.quantity.size)
+        cell_room = self.share - np.bincount(self.cell, y, self.share.size)
         live = np.ones(self.n, dtype=bool)
         failed = np.zeros(self.n, dtype=bool)
         view = _View.of(self, live)
@@ -133,6 +148,14 @@ class _Problem:
             label = enter_gain.reshape(n, T)
             moves = moves.reshape(n, T, T)
             came_from = np.full((n, T), NONE)
+            if start is not None:
+                # Freeing a GPU of a used tier gains nothing; an entry, where there is one, more.
+                used = cell_room[view.tenants[:, None] * T + np.arange(T)] < (
+                    self.share[view.tenants[:, None] * T + np.arange(T)] - self.room_tol
+                )
+                freed = used & (label < 0.0)
+                label = np.where(freed, 0.0, label)
+                came_from[freed] = FREED
             rows = np.flatnonzero(live[view.tenants])
             for _ in range(T - 1):
                 reach = label[rows][:, :, None] + moves[rows]
@@ -184,7 +207,8 @@ class _Problem:
         exit_cell = tenants[rows] * T + end
         amount = cell_room[exit_cell].copy()
         plus, minus, plus_at, minus_at = [], [], [], []
-        entry_arc = np.zeros(rows.size, dtype=np.int64)
+        entry_arc = np.full(rows.size, NONE)
+        freed_cell = np.full(rows.size, NONE)
         at, row, tier = np.arange(rows.size), rows, end
         for _ in range(T):
             prev = came_from[row, tier]
@@ -194,7 +218,11 @@ class _Problem:
             plus.append(arc)
             plus_at.append(at[entered])
             amount[at[entered]] = np.minimum(amount[at[entered]], bid_room[self.bid_row[arc]])
-            moving = ~entered
+            freed = prev == FREED
+            cell = tenants[row[freed]] * T + tier[freed]
+            freed_cell[at[freed]] = cell
+            amount[at[freed]] = np.minimum(amount[at[freed]], self.share[cell] - cell_room[cell])
+            moving = ~(entered | freed)
             at, row, tier, prev = at[moving], row[moving], tier[moving], prev[moving]
             if at.size == 0:
                 break
@@ -212,7 +240,9 @@ class _Problem:
         np.add.at(y, np.concatenate(plus), amount[np.concatenate(plus_at)])
         if minus:
             np.subtract.at(y, np.concatenate(minus), amount[np.concatenate(minus_at)])
-        np.subtract.at(bid_room, self.bid_row[entry_arc], amount)
+        has_entry, has_freed = entry_arc != NONE, freed_cell != NONE
+        np.subtract.at(bid_room, self.bid_row[entry_arc[has_entry]], amount[has_entry])
+        cell_room[freed_cell[has_freed]] += amount[has_freed]  # one beginning per tenant
         cell_room[exit_cell] -= amount  # one exit per tenant
 
 

@@ -36,7 +36,7 @@ from .guarantee import guarantee_bundles, guarantees
 from .metrics import value_matrix
 from .prices import least_duals, minimal_prices
 from .program import guarantee_rows, market_program, residual
-from .rules import EPS, Market, OpenMarket, Outcome, open_market
+from .rules import EPS, Market, OpenMarket, Outcome, gangs_whole, open_market
 
 EXACT_COLUMNS = 600  # programs with a binding guarantee up to this many arcs are solved exactly
 
@@ -79,6 +79,7 @@ def welfare(market: Market, params: Mapping[str, Any]) -> Outcome:
             status = sol.status
             x = sol["x"] if market.divisible else np.rint(sol["x"])
             fixed[sk.cols] = np.where(market.is_gang[a.arc_bid[sk.cols]], x, 0.0)
+            fixed = gangs_whole(market, fixed)
     held += np.bincount(a.arc_tenant, weights=a.arc_price * fixed, minlength=N)
     om = _without(full, fixed, market)
     x, prices, more, loss, fell_back = _divisible_bids(market, om, g - held, bundle, time_limit)
@@ -96,7 +97,9 @@ def welfare(market: Market, params: Mapping[str, Any]) -> Outcome:
         values=value_matrix(market),
         arc_value=a.arc_price,
         guarantee=g,
-        fair=g if market.divisible else guarantees(market, a.arc_price, fractional=True),
+        fair=g
+        if market.divisible
+        else guarantees(market, a.arc_price, fractional=True, start=bundle),
     )
 
 

@@ -59,6 +59,29 @@ def test_gang_bid_that_cannot_fit_gets_nothing(policy):
     assert gpus(r, "small") == 2
 
 
+@pytest.mark.parametrize("policy", sorted(MECHANISMS))
+def test_a_gang_turned_down_gets_nothing_not_the_solvers_dust(policy):
+    # Found by the property tests: one tenant capped at 2.5 of 5 GPUs, divisible. Its best is
+    # b3's 2 GPUs and half of b2 (18.5), not the gang's 2 and half of b3 (18). The mixed-integer
+    # solver left the gang's switch a few 1e-7 above 0, within its integrality tolerance, and
+    # the gang kept 5e-7 GPUs: below its minimum, which a gang never is.
+    inst = Instance(
+        tiers=(Tier("t0", 5, reserve_price=0, max_share=0.5),),
+        tenants=(Tenant("n0", weight=0),),
+        bids=(
+            Bid("b0", "n0", 3, {"t0": 7}, min_quantity=2),
+            Bid("b1", "n0", 1, {"t0": 0}),
+            Bid("b2", "n0", 3, {"t0": 5}),
+            Bid("b3", "n0", 2, {"t0": 8}),
+        ),
+    )
+    r = clear(inst, mechanism=policy, divisible=True)
+    got = gpus(r, "b0")
+    assert got == 0 or got >= 2 - 1e-6
+    if policy == "welfare":
+        assert got == 0 and gpus(r, "b3") == pytest.approx(2) and gpus(r, "b2") == 0.5
+
+
 def test_gang_bid_that_fits_wins_whole():
     inst = Instance(
         tiers=(Tier("a100", 4),),

@@ -237,7 +237,7 @@ def test_guarantee_paths_and_big_tenants_match_the_transport_lps(inst, fractiona
     g_paths, y_paths = guarantee.guarantee_bundles(market, a.arc_price, fractional=fractional)
     saved = guarantee.best_bundles
 
-    def unsolved(arc_bid, *args):  # every tenant left to the LP
+    def unsolved(arc_bid, *args, **kwargs):  # every tenant left to the LP
         return np.zeros(arc_bid.size), np.zeros(arc_bid.size, dtype=bool)
 
     guarantee.best_bundles = unsolved
@@ -257,6 +257,13 @@ def test_guarantee_paths_and_big_tenants_match_the_transport_lps(inst, fractiona
 
     np.testing.assert_allclose(g_paths, g_lp, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(g_big, g_paths, rtol=1e-9, atol=1e-9)
+    if fractional:  # the normaliser as the mechanisms compute it: from the whole-share bundles
+        _, whole = guarantee.guarantee_bundles(market, a.arc_price)
+        g_warm, y_warm = guarantee.guarantee_bundles(
+            market, a.arc_price, fractional=True, start=whole
+        )
+        np.testing.assert_allclose(g_warm, g_lp, rtol=1e-9, atol=1e-9)
+        _within_shares(market, y_warm, fractional)
     for y in (y_paths, y_big):
         _within_shares(market, y, fractional)
         if not (fractional or divisible):

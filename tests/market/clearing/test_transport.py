@@ -85,6 +85,54 @@ def test_best_bundles_are_each_tenants_optimum(seed, tiers, whole):
         assert np.all(y == np.rint(y))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 6))
+def test_the_whole_share_bundles_start_the_fractional_problem_at_its_optimum(seed, tiers):
+    # The fractional normaliser starts from the whole-share bundles (shares floored): that
+    # flow is feasible for the larger shares, and the paths from it must still reach each
+    # tenant's optimum, including by moving GPUs to the tiers whose share grew.
+    arc_bid, arc_tenant, arc_tier, value, quantity, share = _problems(
+        seed, tenants=12, tiers=tiers, whole=False
+    )
+    floor = np.floor(share)
+    whole, _ = transport.best_bundles(arc_bid, arc_tenant, arc_tier, value, quantity, floor, tiers)
+    y, solved = transport.best_bundles(
+        arc_bid, arc_tenant, arc_tier, value, quantity, share, tiers, start=whole
+    )
+    cold, _ = transport.best_bundles(arc_bid, arc_tenant, arc_tier, value, quantity, share, tiers)
+    assert solved.all()
+    assert np.all(y >= 0)
+    for b in np.unique(arc_bid):
+        assert y[arc_bid == b].sum() <= quantity[arc_bid == b][0] + 1e-9
+    for i in np.unique(arc_tenant):
+        mine = arc_tenant == i
+        for t in np.unique(arc_tier[mine]):
+            cell = mine & (arc_tier == t)
+            assert y[cell].sum() <= share[cell][0] + 1e-9
+        best = _lp_optimum(arc_bid[mine], arc_tier[mine], value[mine], quantity[mine], share[mine])
+        assert value[mine] @ y[mine] == pytest.approx(best, rel=1e-9, abs=1e-9)
+        assert value[mine] @ cold[mine] == pytest.approx(best, rel=1e-9, abs=1e-9)
+
+
+def test_a_start_is_improved_by_moving_a_bid_to_the_tier_whose_share_grew():
+    # One tenant, one bid of 1 GPU worth 1 on tier 0 and 5 on tier 1; shares 1 and 0.5. The
+    # whole-share bundle (shares 1 and 0) puts it on tier 0; with the half share of tier 1 the
+    # optimum moves half of it there (value 3): no bid has GPUs left to enter with, so only a
+    # path that starts by freeing tier 0 finds it.
+    y, solved = transport.best_bundles(
+        np.array([0, 0]),
+        np.array([0, 0]),
+        np.array([0, 1]),
+        np.array([1.0, 5.0]),
+        np.array([1.0, 1.0]),
+        np.array([1.0, 0.5]),
+        2,
+        start=np.array([1.0, 0.0]),
+    )
+    assert solved.all()
+    assert y.tolist() == [0.5, 0.5]
+
+
 def test_a_move_to_another_tier_makes_room_for_a_better_bid():
     # Bid 0 is worth 10 on t0 and 9 on t1; bid 1 is worth 9 on t0 and 1 on t1; one GPU of
     # each tier. Taking the best arc first gives bid 0 t0 (10); the optimum moves it to t1
