@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from market.errors import MarketError
 from market.models import Bid, Round
-from tenants.models import Notification
+from tenants.models import Campaign, Notification, Tenant
 
 if TYPE_CHECKING:
     from tenants.models import Tenant
@@ -97,10 +97,16 @@ def round_locked(round_id: int) -> Round:
 
 
 def bids_locked(rnd: Round, *, status: str) -> list[Bid]:
-    """The round's bids in ``status``, locked in pk order, with what the ledger needs."""
-    return list(
-        Bid.objects.select_for_update(of=("self",))
-        .filter(round=rnd, status=status)
-        .select_related("tenant", "campaign")
-        .order_by("pk")
+    """The round's bids in ``status``, locked in pk order, with what the ledger needs: each
+    bid's tenant and campaign, one object per tenant and per campaign, read once (a join
+    made a tenant object per bid: a million of them for a million-bid round)."""
+    bids = list(
+        Bid.objects.select_for_update(of=("self",)).filter(round=rnd, status=status).order_by("pk")
     )
+    tenants = Tenant.objects.in_bulk({bid.tenant_id for bid in bids})
+    campaigns = Campaign.objects.in_bulk({bid.campaign_id for bid in bids} - {None})
+    for bid in bids:
+        bid.tenant = tenants[bid.tenant_id]
+        if bid.campaign_id is not None:
+            bid.campaign = campaigns[bid.campaign_id]
+    return bids
