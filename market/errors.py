@@ -3,3 +3,7 @@ from core.errors import DomainError
 
 class MarketError(DomainError):
     """A market operation was refused or could not complete. The message says what to fix."""
+
+
+class RoundBusy(MarketError):
+    """Another worker holds the round (it is clearing or settling it); try again later."""

@@ -43,6 +43,7 @@ def rounds_tick_task() -> dict:
     return {
         "processed": report.processed,
         "errors": report.errors,
+        "busy": report.busy,
         "open_round": report.open_round,
         "finished": report.finished,
     }

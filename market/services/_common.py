@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from django.db import OperationalError, connection
 from django.utils import timezone
 
-from market.errors import MarketError
+from market.errors import MarketError, RoundBusy
 from market.models import Bid, Round
 from tenants.models import Campaign, Notification, Tenant
-
-if TYPE_CHECKING:
-    from tenants.models import Tenant
 
 SECONDS_PER_HOUR = 3600
 # Milli-credits per GPU-hour. A million credits per GPU-hour is far above any real price and
@@ -91,9 +89,26 @@ def round_notices_send(
     Notification.objects.bulk_create(notices, ignore_conflicts=True)
 
 
-def round_locked(round_id: int) -> Round:
-    """The round row, locked for the rest of the transaction (its policy read alongside)."""
-    return Round.objects.select_for_update(of=("self",)).select_related("policy").get(pk=round_id)
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a NOWAIT lock that is held
+
+
+def round_locked(
+    round_id: int, *, wait: bool = True, related: tuple[str, ...] = ("policy",)
+) -> Round:
+    """The round row, locked for the rest of the transaction (``related`` read alongside).
+    ``wait=False``: RoundBusy at once if another transaction holds it (PostgreSQL; the
+    embedded SQLite locks the whole database and has no row locks to wait on)."""
+    nowait = not wait and connection.features.has_select_for_update_nowait
+    rows = Round.objects.select_for_update(of=("self",), nowait=nowait).select_related(*related)
+    try:
+        return rows.get(pk=round_id)
+    except OperationalError as exc:
+        if nowait and getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            raise RoundBusy(
+                f"round {round_id} is being processed by another worker; the next tick "
+                "picks it up if it is still due"
+            ) from exc
+        raise
 
 
 def bids_locked(rnd: Round, *, status: str) -> list[Bid]:

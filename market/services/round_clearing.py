@@ -23,7 +23,7 @@ from market.clearing.inputs import MAX_AMOUNT, Arrays
 from market.diagnostics import JAIN, UTILISATION, diagnostic
 from market.errors import MarketError
 from market.models import Bid, BidLimit, PolicyVersion, Round, Tier
-from market.services._common import cost_floor, now_or
+from market.services._common import cost_floor, now_or, round_locked
 from market.services.bids import window_seconds
 from market.services.partitioned import clear_in_parts, partition_parts
 from market.services.placement import placement_misfits
@@ -346,21 +346,18 @@ def _summary(outcome: Outcome, data: RoundData, policy: PolicyVersion) -> dict[s
 
 
 @transaction.atomic
-def round_clear(*, round_id: int, now: datetime | None = None) -> Round:
+def round_clear(*, round_id: int, now: datetime | None = None, wait: bool = True) -> Round:
     """Claim a round whose bidding has closed and solve it; the outcome (awards, prices,
     capacities, diagnostics and the shadow comparison) is stored and the round is ``cleared``.
 
     Single-flight: the round row is locked for the whole clearing, and a round that is no
     longer ``closed`` (already cleared, settled, failed...) is returned untouched. An open round
     whose bidding time is over is closed first, in the same transaction. A solver error fails
-    the round (every hold released) with the solver's reason.
+    the round (every hold released) with the solver's reason. ``wait=False``: RoundBusy at
+    once if another worker holds the round.
     """
     now = now_or(now)
-    rnd = (
-        Round.objects.select_for_update(of=("self",))
-        .select_related("policy", "shadow_policy")
-        .get(pk=round_id)
-    )
+    rnd = round_locked(round_id, wait=wait, related=("policy", "shadow_policy"))
     if rnd.status == Round.Status.OPEN:
         if rnd.closes_at > now:
             raise MarketError(

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Max
 
 import audit.services as audit
-from market.errors import MarketError
+from market.errors import MarketError, RoundBusy
 from market.models import Allocation, Bid, PolicyVersion, Round
-from market.services._common import now_or
+from market.services._common import LOCK_NOT_AVAILABLE, now_or
 from market.services.policy import policy_active, policy_shadow
 
 SYSTEM = "system"
@@ -61,19 +61,29 @@ def _close_locked(rnd: Round, *, now: datetime) -> None:
 
 
 @transaction.atomic
-def round_open_next(*, now: datetime | None = None) -> Round:
+def round_open_next(*, now: datetime | None = None, wait: bool = True) -> Round:
     """Keep exactly one round open for bidding and return it.
 
     If the open round's bidding is still running it is returned; if it is overdue it is closed
     (the tick clears it) and the next one opened under the active policy, with the shadow
     version (if any) recorded for comparison. Safe to call from several processes at once.
+    ``wait=False``: RoundBusy at once if another worker holds the open round (closing and
+    clearing it) or is opening one (PostgreSQL).
     """
     now = now_or(now)
     policy = policy_active()
-    # Openers serialise on the active policy's row; the partial unique index on open rounds
-    # backs that up at the database.
-    PolicyVersion.objects.select_for_update().get(pk=policy.pk)
-    current = Round.objects.select_for_update().filter(status=Round.Status.OPEN).first()
+    nowait = not wait and connection.features.has_select_for_update_nowait
+    try:
+        # Openers serialise on the active policy's row; the partial unique index on open
+        # rounds backs that up at the database.
+        PolicyVersion.objects.select_for_update(nowait=nowait).get(pk=policy.pk)
+        current = (
+            Round.objects.select_for_update(nowait=nowait).filter(status=Round.Status.OPEN).first()
+        )
+    except OperationalError as exc:
+        if nowait and getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            raise RoundBusy("another worker is closing the open round or opening one") from exc
+        raise
     if current is not None:
         if current.closes_at > now:
             return current

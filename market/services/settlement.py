@@ -29,16 +29,17 @@ logger = logging.getLogger(__name__)
 
 
 @transaction.atomic
-def round_settle(*, round_id: int, now: datetime | None = None) -> Round:
+def round_settle(*, round_id: int, now: datetime | None = None, wait: bool = True) -> Round:
     """Turn a cleared round into allocations and money, all in this one transaction.
 
     Each winner pays, per tier, gpus x min(tier price, its limit) x window hours (rounded down)
     from its escrow; the rest of its escrow, and a loser's whole escrow, goes back to available.
     Idempotent: a round that is not ``cleared`` (already settled, failed, ...) is returned as is.
     The ledger calls carry ``settle:<round>:<bid>:...`` idempotency keys as a second guard.
+    ``wait=False``: RoundBusy at once if another worker holds the round.
     """
     now = now_or(now)
-    rnd = round_locked(round_id)
+    rnd = round_locked(round_id, wait=wait)
     if rnd.status != Round.Status.CLEARED:
         return rnd
     bids = bids_locked(rnd, status=Bid.Status.OPEN)

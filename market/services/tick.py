@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from market.errors import MarketError
+from market.errors import MarketError, RoundBusy
 from market.models import Round
 from market.services._common import now_or
 from market.services.guardrails import guardrails_enforce
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 DUE_STATUSES = (Round.Status.OPEN, Round.Status.CLOSED, Round.Status.CLEARED)
 
 
-def round_process(*, round_id: int, now: datetime | None = None) -> Round:
+def round_process(*, round_id: int, now: datetime | None = None, wait: bool = True) -> Round:
     """Close, clear and settle one due round, then judge it against its policy's guardrails,
     each step a transaction that re-checks the round's status under its row lock, so running
     this twice (or after a crash at any point) settles the round exactly once. A settlement
@@ -32,13 +32,16 @@ def round_process(*, round_id: int, now: datetime | None = None) -> Round:
 
     A breach rolls the policy back before the next round clears (and voids this round if the
     version says so; the round returned is then ``voided``). A guardrail check that raises is
-    logged and leaves the policy as it was: the round stays settled."""
+    logged and leaves the policy as it was: the round stays settled. ``wait=False``:
+    RoundBusy, and nothing done, if another worker holds the round."""
     now = now_or(now)
-    rnd = round_clear(round_id=round_id, now=now)
+    rnd = round_clear(round_id=round_id, now=now, wait=wait)
     if rnd.status != Round.Status.CLEARED:
         return rnd
     try:
-        rnd = round_settle(round_id=round_id, now=now)
+        rnd = round_settle(round_id=round_id, now=now, wait=wait)
+    except RoundBusy:
+        raise  # another worker holds the round: not a refusal, nothing to fail
     except (MarketError, TenantError) as exc:
         logger.error("round %s could not settle: %s", round_id, exc)
         return round_fail(round=rnd, reason=f"settlement refused: {exc}")
@@ -54,6 +57,7 @@ def round_process(*, round_id: int, now: datetime | None = None) -> Round:
 class TickReport:
     processed: dict[int, str] = field(default_factory=dict)  # round id -> status reached
     errors: dict[int, str] = field(default_factory=dict)  # round id -> error (retried next tick)
+    busy: list[int] = field(default_factory=list)  # held by another worker (left to it)
     open_round: int | None = None
     finished: list[int] = field(default_factory=list)
 
@@ -64,7 +68,9 @@ def rounds_tick(*, now: datetime | None = None) -> TickReport:
     the preemption grace ago.
 
     A round that raises is logged and left as it is for the next tick; the other rounds still
-    go ahead, so one bad round cannot stop the market.
+    go ahead, so one bad round cannot stop the market. A round another worker holds (a long
+    settlement) is left to it at once: a tick that waited on its lock would hold a worker
+    process, which the telemetry tasks share, for as long as the settlement runs.
     """
     now = now_or(now)
     report = TickReport()
@@ -73,11 +79,18 @@ def rounds_tick(*, now: datetime | None = None) -> TickReport:
     )
     for round_id in list(due.values_list("pk", flat=True)):
         try:
-            report.processed[round_id] = round_process(round_id=round_id, now=now).status
+            report.processed[round_id] = round_process(
+                round_id=round_id, now=now, wait=False
+            ).status
+        except RoundBusy:
+            report.busy.append(round_id)
         except Exception as exc:  # noqa: BLE001 - isolate one round; it stays due and is retried
             logger.exception("round %s: processing failed; the next tick retries it", round_id)
             report.errors[round_id] = f"{type(exc).__name__}: {exc}"
-    report.open_round = round_open_next(now=now).pk
+    try:
+        report.open_round = round_open_next(now=now, wait=False).pk
+    except RoundBusy:
+        pass  # another worker is closing or opening the round; the next tick looks again
     # Finish a window only after the preemption grace: until then the enforcement loop is
     # stopping the work still running on it, and labels those allocations preempted.
     finish_before = now - timedelta(seconds=settings.GPUMARKET_PREEMPT_GRACE_SECONDS)
