@@ -1,15 +1,16 @@
-"""A tick does not wait for a round another worker is processing (here: holding the overdue
-open round, as a worker closing and clearing it does).
+"""A tick does not wait for a round another worker is processing.
 
-While one worker settles a very large round (minutes, in one transaction, its row locked),
-beat sends a tick every few seconds. A tick that waited on the round's lock held a worker
-process until the settlement ended; with the worker's processes all waiting, the telemetry
-tasks that share them (enforcement every 10 s) did not run for the whole settlement.
+While one worker closes and clears, or settles, a very large round (minutes, in one
+transaction, its row locked), beat sends a tick every few seconds. A tick that waited on the
+round's lock held a worker process until the other worker was done; with the worker's
+processes all waiting, the telemetry tasks that share them (enforcement every 10 s) did not
+run for the whole settlement.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 from django.db import connection, connections, transaction
@@ -22,20 +23,26 @@ from tests.market.marketkit import T0, market_make
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_tick_skips_a_round_another_worker_holds_and_a_later_tick_settles_it():
-    assert connection.vendor == "postgresql"
+def _market_with_a_bid():
     market = market_make()
     tenant = factories.tenant(credits=10**9)
     user = factories.member(tenant=tenant)
     bid_place(
         user=user, tenant=tenant, round=market.round, now=T0, quantity=1, limits={"a100": 2000}
     )
+    return market
+
+
+def _while_held(round_id: int, call: Callable[[], object]) -> tuple[object, bool]:
+    """``call()`` while another connection holds the round's row lock (as a worker clearing or
+    settling it does); returns its result and whether the lock was still held when it
+    returned (the holder lets go by itself after 20 s)."""
     locked, release = threading.Event(), threading.Event()
 
     def other_worker() -> None:
         try:
             with transaction.atomic():
-                Round.objects.select_for_update().get(pk=market.round.pk)
+                Round.objects.select_for_update().get(pk=round_id)
                 locked.set()
                 release.wait(timeout=20)
         finally:
@@ -45,12 +52,18 @@ def test_a_tick_skips_a_round_another_worker_holds_and_a_later_tick_settles_it()
     holder.start()
     try:
         assert locked.wait(timeout=10)
-        report = rounds_tick(now=market.after_close())
-        still_held = holder.is_alive()  # the tick came back while the other worker held on
+        result = call()
+        return result, holder.is_alive()
     finally:
         release.set()
         holder.join()
-    assert still_held
+
+
+def test_a_tick_skips_the_overdue_round_another_worker_holds_and_a_later_tick_settles_it():
+    assert connection.vendor == "postgresql"
+    market = _market_with_a_bid()
+    report, still_held = _while_held(market.round.pk, lambda: rounds_tick(now=market.after_close()))
+    assert still_held  # the tick came back while the other worker held on
     assert report.busy == [market.round.pk]
     assert market.round.pk not in report.processed and not report.errors
     assert report.open_round is None  # the next round is opened once this one is closed
@@ -63,33 +76,9 @@ def test_a_tick_skips_a_round_another_worker_holds_and_a_later_tick_settles_it()
 
 
 def test_while_another_worker_settles_a_round_the_tick_still_opens_the_next():
-    market = market_make()
-    tenant = factories.tenant(credits=10**9)
-    user = factories.member(tenant=tenant)
-    bid_place(
-        user=user, tenant=tenant, round=market.round, now=T0, quantity=1, limits={"a100": 2000}
-    )
+    market = _market_with_a_bid()
     assert round_clear(round_id=market.round.pk, now=market.after_close()).status == "cleared"
-    locked, release = threading.Event(), threading.Event()
-
-    def settling() -> None:  # holds the cleared round as a settlement does
-        try:
-            with transaction.atomic():
-                Round.objects.select_for_update().get(pk=market.round.pk)
-                locked.set()
-                release.wait(timeout=20)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=settling)
-    holder.start()
-    try:
-        assert locked.wait(timeout=10)
-        report = rounds_tick(now=market.after_close())
-        still_held = holder.is_alive()
-    finally:
-        release.set()
-        holder.join()
+    report, still_held = _while_held(market.round.pk, lambda: rounds_tick(now=market.after_close()))
     assert still_held and report.busy == [market.round.pk] and not report.errors
     assert Round.objects.get(pk=report.open_round).status == Round.Status.OPEN
     market.round.refresh_from_db()
