@@ -89,26 +89,39 @@ def round_notices_send(
     Notification.objects.bulk_create(notices, ignore_conflicts=True)
 
 
-LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a NOWAIT lock that is held
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE for a lock not granted in time
+# How long a tick waits for a round's row lock before leaving the round to whoever holds it:
+# long enough for a bid (which locks the round for milliseconds) to finish, far shorter than
+# a clearing or a settlement.
+BUSY_AFTER_MS = 2000
+
+
+def locked_briefly(rows, *, wait: bool, what: str):
+    """``rows()`` (a query that takes row locks): as is when ``wait``; otherwise, on
+    PostgreSQL, waiting at most BUSY_AFTER_MS for the locks, then RoundBusy (the embedded
+    SQLite has no row locks to wait on). Runs inside the caller's transaction."""
+    if wait or connection.vendor != "postgresql":
+        return rows()
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{BUSY_AFTER_MS}ms'")
+    try:
+        found = rows()
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            raise RoundBusy(f"{what} is being processed by another worker; try again") from exc
+        raise
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
+    return found
 
 
 def round_locked(
     round_id: int, *, wait: bool = True, related: tuple[str, ...] = ("policy",)
 ) -> Round:
     """The round row, locked for the rest of the transaction (``related`` read alongside).
-    ``wait=False``: RoundBusy at once if another transaction holds it (PostgreSQL; the
-    embedded SQLite locks the whole database and has no row locks to wait on)."""
-    nowait = not wait and connection.features.has_select_for_update_nowait
-    rows = Round.objects.select_for_update(of=("self",), nowait=nowait).select_related(*related)
-    try:
-        return rows.get(pk=round_id)
-    except OperationalError as exc:
-        if nowait and getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
-            raise RoundBusy(
-                f"round {round_id} is being processed by another worker; the next tick "
-                "picks it up if it is still due"
-            ) from exc
-        raise
+    ``wait=False``: RoundBusy if another transaction holds it for more than BUSY_AFTER_MS."""
+    rows = Round.objects.select_for_update(of=("self",)).select_related(*related)
+    return locked_briefly(lambda: rows.get(pk=round_id), wait=wait, what=f"round {round_id}")
 
 
 def bids_locked(rnd: Round, *, status: str) -> list[Bid]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Max
 
 import audit.services as audit
-from market.errors import MarketError, RoundBusy
+from market.errors import MarketError
 from market.models import Allocation, Bid, PolicyVersion, Round
-from market.services._common import LOCK_NOT_AVAILABLE, now_or
+from market.services._common import locked_briefly, now_or
 from market.services.policy import policy_active, policy_shadow
 
 SYSTEM = "system"
@@ -67,23 +67,19 @@ def round_open_next(*, now: datetime | None = None, wait: bool = True) -> Round:
     If the open round's bidding is still running it is returned; if it is overdue it is closed
     (the tick clears it) and the next one opened under the active policy, with the shadow
     version (if any) recorded for comparison. Safe to call from several processes at once.
-    ``wait=False``: RoundBusy at once if another worker holds the open round (closing and
-    clearing it) or is opening one (PostgreSQL).
+    ``wait=False``: RoundBusy if another worker holds the open round (closing and clearing
+    it) or is opening one for more than a moment (``locked_briefly``).
     """
     now = now_or(now)
     policy = policy_active()
-    nowait = not wait and connection.features.has_select_for_update_nowait
-    try:
+
+    def locked():
         # Openers serialise on the active policy's row; the partial unique index on open
         # rounds backs that up at the database.
-        PolicyVersion.objects.select_for_update(nowait=nowait).get(pk=policy.pk)
-        current = (
-            Round.objects.select_for_update(nowait=nowait).filter(status=Round.Status.OPEN).first()
-        )
-    except OperationalError as exc:
-        if nowait and getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
-            raise RoundBusy("another worker is closing the open round or opening one") from exc
-        raise
+        PolicyVersion.objects.select_for_update().get(pk=policy.pk)
+        return Round.objects.select_for_update().filter(status=Round.Status.OPEN).first()
+
+    current = locked_briefly(locked, wait=wait, what="the open round")
     if current is not None:
         if current.closes_at > now:
             return current

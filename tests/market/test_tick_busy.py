@@ -33,10 +33,13 @@ def _market_with_a_bid():
     return market
 
 
-def _while_held(round_id: int, call: Callable[[], object]) -> tuple[object, bool]:
+def _while_held(
+    round_id: int, call: Callable[[], object], *, hold: float = 20.0
+) -> tuple[object, bool]:
     """``call()`` while another connection holds the round's row lock (as a worker clearing or
-    settling it does); returns its result and whether the lock was still held when it
-    returned (the holder lets go by itself after 20 s)."""
+    settling it does, for minutes, or a bid, for a moment); returns its result and whether
+    the lock was still held when it returned (the holder lets go by itself after ``hold``
+    seconds)."""
     locked, release = threading.Event(), threading.Event()
 
     def other_worker() -> None:
@@ -44,7 +47,7 @@ def _while_held(round_id: int, call: Callable[[], object]) -> tuple[object, bool
             with transaction.atomic():
                 Round.objects.select_for_update().get(pk=round_id)
                 locked.set()
-                release.wait(timeout=20)
+                release.wait(timeout=hold)
         finally:
             connections.close_all()
 
@@ -83,3 +86,14 @@ def test_while_another_worker_settles_a_round_the_tick_still_opens_the_next():
     assert Round.objects.get(pk=report.open_round).status == Round.Status.OPEN
     market.round.refresh_from_db()
     assert market.round.status == Round.Status.CLEARED
+
+
+def test_a_round_held_for_a_moment_as_a_bid_holds_it_is_waited_for():
+    # A bid locks the open round for milliseconds; a tick waits that out (up to
+    # BUSY_AFTER_MS) instead of leaving the round for a later tick.
+    market = _market_with_a_bid()
+    report, still_held = _while_held(
+        market.round.pk, lambda: rounds_tick(now=market.after_close()), hold=0.3
+    )
+    assert not still_held
+    assert report.processed == {market.round.pk: "settled"} and report.busy == []
