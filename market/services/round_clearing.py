@@ -353,8 +353,8 @@ def round_clear(*, round_id: int, now: datetime | None = None, wait: bool = True
     Single-flight: the round row is locked for the whole clearing, and a round that is no
     longer ``closed`` (already cleared, settled, failed...) is returned untouched. An open round
     whose bidding time is over is closed first, in the same transaction. A solver error fails
-    the round (every hold released) with the solver's reason. ``wait=False``: RoundBusy at
-    once if another worker holds the round.
+    the round (every hold released) with the solver's reason. ``wait=False``: RoundBusy if
+    another worker holds the round longer than a moment (``round_locked``).
     """
     now = now_or(now)
     rnd = round_locked(round_id, wait=wait, related=("policy", "shadow_policy"))

@@ -36,7 +36,8 @@ def round_settle(*, round_id: int, now: datetime | None = None, wait: bool = Tru
     from its escrow; the rest of its escrow, and a loser's whole escrow, goes back to available.
     Idempotent: a round that is not ``cleared`` (already settled, failed, ...) is returned as is.
     The ledger calls carry ``settle:<round>:<bid>:...`` idempotency keys as a second guard.
-    ``wait=False``: RoundBusy at once if another worker holds the round.
+    ``wait=False``: RoundBusy if another worker holds the round longer than a moment
+    (``round_locked``).
     """
     now = now_or(now)
     rnd = round_locked(round_id, wait=wait)

@@ -63,14 +63,8 @@ def _lp_optimum(arc_bid, arc_tier, value, quantity, share) -> float:
     return -res.fun
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.booleans())
-def test_best_bundles_are_each_tenants_optimum(seed, tiers, whole):
-    arc_bid, arc_tenant, arc_tier, value, quantity, share = _problems(
-        seed, tenants=12, tiers=tiers, whole=whole
-    )
-    y, solved = transport.best_bundles(arc_bid, arc_tenant, arc_tier, value, quantity, share, tiers)
-    assert solved.all()
+def _each_tenants_optimum(y, arc_bid, arc_tenant, arc_tier, value, quantity, share) -> None:
+    """``y`` fits every bid and share, and gives each tenant its LP optimum."""
     assert np.all(y >= 0)
     for b in np.unique(arc_bid):
         assert y[arc_bid == b].sum() <= quantity[arc_bid == b][0] + 1e-9
@@ -81,6 +75,17 @@ def test_best_bundles_are_each_tenants_optimum(seed, tiers, whole):
             assert y[cell].sum() <= share[cell][0] + 1e-9
         best = _lp_optimum(arc_bid[mine], arc_tier[mine], value[mine], quantity[mine], share[mine])
         assert value[mine] @ y[mine] == pytest.approx(best, rel=1e-9, abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.booleans())
+def test_best_bundles_are_each_tenants_optimum(seed, tiers, whole):
+    arc_bid, arc_tenant, arc_tier, value, quantity, share = _problems(
+        seed, tenants=12, tiers=tiers, whole=whole
+    )
+    y, solved = transport.best_bundles(arc_bid, arc_tenant, arc_tier, value, quantity, share, tiers)
+    assert solved.all()
+    _each_tenants_optimum(y, arc_bid, arc_tenant, arc_tier, value, quantity, share)
     if whole:
         assert np.all(y == np.rint(y))
 
@@ -101,17 +106,8 @@ def test_the_whole_share_bundles_start_the_fractional_problem_at_its_optimum(see
     )
     cold, _ = transport.best_bundles(arc_bid, arc_tenant, arc_tier, value, quantity, share, tiers)
     assert solved.all()
-    assert np.all(y >= 0)
-    for b in np.unique(arc_bid):
-        assert y[arc_bid == b].sum() <= quantity[arc_bid == b][0] + 1e-9
-    for i in np.unique(arc_tenant):
-        mine = arc_tenant == i
-        for t in np.unique(arc_tier[mine]):
-            cell = mine & (arc_tier == t)
-            assert y[cell].sum() <= share[cell][0] + 1e-9
-        best = _lp_optimum(arc_bid[mine], arc_tier[mine], value[mine], quantity[mine], share[mine])
-        assert value[mine] @ y[mine] == pytest.approx(best, rel=1e-9, abs=1e-9)
-        assert value[mine] @ cold[mine] == pytest.approx(best, rel=1e-9, abs=1e-9)
+    _each_tenants_optimum(y, arc_bid, arc_tenant, arc_tier, value, quantity, share)
+    _each_tenants_optimum(cold, arc_bid, arc_tenant, arc_tier, value, quantity, share)
 
 
 def test_a_start_is_improved_by_moving_a_bid_to_the_tier_whose_share_grew():
