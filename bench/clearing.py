@@ -275,7 +275,7 @@ def partitioned(args, sizes) -> None:
         for tenants, bids, tiers in sizes:
             inst = instance(tenants, bids, tiers, gang_share=args.gang_share, weight=args.weight)
             for policy in args.policies.split(","):
-                params = None if policy == "fisher" else {"time_limit": args.time_limit}
+                params = {"time_limit": args.time_limit}
                 start = time.perf_counter()
                 arrays = instance_arrays(inst)
                 divide = time.perf_counter() - start
@@ -322,9 +322,7 @@ def main() -> None:
     parser.add_argument(
         "--weight", type=float, default=1.0, help="every tenant's weight (0: no guarantee)"
     )
-    parser.add_argument(
-        "--time-limit", type=float, default=10.0, help="params.time_limit for welfare/maxmin, s"
-    )
+    parser.add_argument("--time-limit", type=float, default=10.0, help="params.time_limit, s")
     parser.add_argument(
         "--parts", type=int, default=0, help="clear partitioned into this many parts (POP)"
     )
@@ -363,7 +361,7 @@ def main() -> None:
             if policy != "welfare" and bids > args.max_fair_bids:
                 print(f"{policy:8} {tenants:7} {bids:7} {tiers:5}  skipped (> --max-fair-bids)")
                 continue
-            params = None if policy == "fisher" else {"time_limit": args.time_limit}
+            params = {"time_limit": args.time_limit}
             r = clear(inst, mechanism=policy, params=params)
             d = r.diagnostics
             mcf_text = f"{'-':>7} {'-':>6}"

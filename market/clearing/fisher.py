@@ -52,6 +52,8 @@ SOLVER_ATTEMPTS = (
     (cp.CLARABEL, {"tol_gap_abs": 1e-6, "tol_gap_rel": 1e-5, "max_iter": 400}),
     (cp.SCS, {"eps_abs": 1e-7, "eps_rel": 1e-7, "max_iters": 50_000}),
 )
+# The setting each solver reads its wall-clock limit from, in seconds (params.time_limit).
+TIME_SETTING = {cp.CLARABEL: "time_limit", cp.SCS: "time_limit_secs"}
 MILP_COLUMNS = 600  # whole-GPU programs up to this many arcs are solved exactly
 LEFTOVER = 1e-6  # a budget-less tenant's weight in the whole-GPU objective, relative
 LOG_GRID = 1.25  # ratio between the utilities whose tangents bound log u in whole-GPU mode
@@ -70,6 +72,7 @@ def _solve_eg(
     guarantee: np.ndarray,
     arc_min: np.ndarray,
     bid_min: np.ndarray,
+    time_limit: float,
 ) -> tuple[np.ndarray, np.ndarray, float, str]:
     """Arc GPUs (E,), tier duals (T,) per unit of normalised budget, seconds, status."""
     T = om.tier_room.size
@@ -105,20 +108,26 @@ def _solve_eg(
         constraints.append(in_group @ x[np.flatnonzero(c >= 0)] <= om.group_room[groups])
     problem = cp.Problem(cp.Maximize(weight @ cp.log(utility)), constraints)
     start = time.perf_counter()
-    status = _solve(problem, constraints)
+    status = _solve(problem, constraints, time_limit=time_limit)
     seconds = time.perf_counter() - start
     out = np.zeros(om.arc_bid.size)
     out[cols] = np.clip(x.value, 0.0, None)
     return out, np.maximum(np.asarray(capacity.dual_value).ravel(), 0.0), seconds, status
 
 
-def _solve(problem: cp.Problem, constraints: list) -> str:
+def _solve(problem: cp.Problem, constraints: list, *, time_limit: float) -> str:
     """Solve with the first of SOLVER_ATTEMPTS that ends optimal, or "almost solved" and
-    feasible to FEASIBLE ("inaccurate"); a SolverError naming the last status otherwise."""
+    feasible to FEASIBLE ("inaccurate"); a SolverError naming the last status otherwise.
+    The attempts share ``time_limit`` seconds: each is given what the ones before it left,
+    and once it is spent the solve ends with a SolverError that says so."""
+    deadline = time.perf_counter() + time_limit
     last = "not run"
     for solver, options in SOLVER_ATTEMPTS:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            break
         try:
-            problem.solve(solver=solver, **options)
+            problem.solve(solver=solver, **options, **{TIME_SETTING[solver]: left})
         except cp.error.SolverError as exc:
             last = f"{solver} failed ({exc})"
             continue
@@ -127,6 +136,11 @@ def _solve(problem: cp.Problem, constraints: list) -> str:
         if problem.status == cp.OPTIMAL_INACCURATE and _feasible(constraints):
             return "inaccurate"  # "almost solved" and feasible: good for whole GPUs
         last = f"{solver} stopped with status {problem.status!r}"
+    if time.perf_counter() >= deadline:
+        raise SolverError(
+            f"fisher problem: the conic solver reached the time limit of {time_limit:g} s "
+            f"({last}); raise params.time_limit or simplify the instance"
+        )
     raise SolverError(f"fisher problem: the conic solver gave no result: {last}")
 
 
@@ -192,7 +206,10 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
     duals = np.zeros(a.n_tiers)
     seconds, status = 0.0, "optimal"
     arc_min, bid_min = np.zeros(a.arc_bid.size), np.zeros(B)
-    common = dict(tenant=a.bid_tenant, v=v, budget=budget, held=held, guarantee=g)
+    time_limit = float(params["time_limit"])
+    common = dict(
+        tenant=a.bid_tenant, v=v, budget=budget, held=held, guarantee=g, time_limit=time_limit
+    )
     if cols.size:
         x, duals, seconds, status = _solve_eg(om, cols, arc_min=arc_min, bid_min=bid_min, **common)
         if market.is_gang.any():
@@ -216,7 +233,7 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
                     )
                     seconds += more
     if left_out.any():
-        x, more = _fill(market, om, x, left_out=left_out, v=v)
+        x, more = _fill(market, om, x, left_out=left_out, v=v, time_limit=time_limit)
         seconds += more
     sold = np.bincount(a.arc_tier, weights=x, minlength=a.n_tiers) > EPS
     prices = np.where(sold, np.maximum(a.reserve, duals * budget.sum()), a.reserve)
@@ -235,7 +252,7 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
             target=g - held,
             gang_min=gang_min,
             status=status,
-            time_limit=float(params["time_limit"]),
+            time_limit=time_limit,
         )
         seconds += more
         rounded = held + np.bincount(a.arc_tenant, weights=v * whole, minlength=N)
@@ -288,7 +305,13 @@ def _fix_gangs(
 
 
 def _fill(
-    market: Market, om: OpenMarket, x: np.ndarray, *, left_out: np.ndarray, v: np.ndarray
+    market: Market,
+    om: OpenMarket,
+    x: np.ndarray,
+    *,
+    left_out: np.ndarray,
+    v: np.ndarray,
+    time_limit: float,
 ) -> tuple[np.ndarray, float]:
     """The tenants without money take what is left that they value: an LP over their arcs."""
     a = market.arrays
@@ -302,7 +325,7 @@ def _fill(
     if cols.size == 0:
         return x, 0.0
     sk = market_program(market, rest, what="fisher leftovers", gangs=False, cols=cols)
-    sol = sk.program.maximise([(sk.x, v[cols])], relax=True)
+    sol = sk.program.maximise([(sk.x, v[cols])], relax=True, time_limit=time_limit)
     filled = x.copy()
     filled[cols] += np.clip(sol["x"], 0.0, None)
     return filled, sol.seconds

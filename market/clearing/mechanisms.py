@@ -5,7 +5,8 @@ prices; the market policy (a PolicyVersion on the Django side) chooses one and i
 parameters. Parameters (``policy.params`` in the instance JSON):
 - ``time_limit`` (seconds, default 10): wall-clock limit of each solver call. A
   mixed-integer solve (gang bids) that reaches it uses its incumbent or falls back; an LP
-  that reaches it raises SolverError. welfare (gang MILP) and maxmin (both stages).
+  that reaches it raises SolverError. welfare (gang MILP, LPs), maxmin (both stages), fisher
+  (its conic solve, whose attempts share the limit, and its LPs).
 - ``values`` (``{tenant: {tier: credits per GPU-hour}}``, default: each tenant's best limit on
   the tier): the value a tenant puts on a GPU of a tier. fisher and maxmin; a tier the
   tenant did not bid on stays worth 0 to it.

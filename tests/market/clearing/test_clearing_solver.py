@@ -68,7 +68,8 @@ def test_fisher_status_other_than_optimal_raises(monkeypatch):
         clear(GANGS, mechanism="fisher")
 
 
-def test_fisher_tries_the_next_solver_settings_when_one_fails(monkeypatch):
+def _first_attempt_fails(monkeypatch) -> list[dict]:
+    """The settings of each conic solve, the first of which fails."""
     import cvxpy as cp
 
     real = cp.Problem.solve
@@ -81,6 +82,11 @@ def test_fisher_tries_the_next_solver_settings_when_one_fails(monkeypatch):
         return real(problem, *args, **kwargs)
 
     monkeypatch.setattr(cp.Problem, "solve", first_fails)
+    return calls
+
+
+def test_fisher_tries_the_next_solver_settings_when_one_fails(monkeypatch):
+    calls = _first_attempt_fails(monkeypatch)
     r = clear(GANGS, mechanism="fisher", divisible=True)
     assert r.diagnostics["status"] in ("optimal", "inaccurate")
     assert sum(a.gpus for a in r.allocations) > 0
@@ -148,3 +154,22 @@ def test_fisher_allocates_the_same_when_one_tenant_values_everything_1e8_times_m
     assert plain.keys() == spread.keys()
     for tenant, u in plain.items():
         assert spread[tenant] == pytest.approx(u, rel=1e-3), tenant
+
+
+def test_fisher_stops_at_its_time_limit_with_a_solver_error():
+    # params.time_limit is the limit of each solver call for every mechanism. The conic
+    # solve of fisher once ignored it: a stalled interior point and the first-order solver
+    # after it ran for minutes (200-300 s on parts of a million-bid round) whatever the
+    # policy said. A limit far below one iteration stops the solve, and the round fails
+    # with a reason the admin can act on.
+    with pytest.raises(SolverError, match=r"fisher problem: .*time limit.*params\.time_limit"):
+        clear(
+            _spread_instance(1.0), mechanism="fisher", divisible=True, params={"time_limit": 1e-6}
+        )
+
+
+def test_fisher_gives_each_solver_attempt_what_is_left_of_its_time_limit(monkeypatch):
+    calls = _first_attempt_fails(monkeypatch)
+    r = clear(GANGS, mechanism="fisher", divisible=True, params={"time_limit": 7})
+    assert r.diagnostics["status"] in ("optimal", "inaccurate")
+    assert 0 < calls[1]["time_limit"] <= calls[0]["time_limit"] <= 7
