@@ -18,6 +18,7 @@ import numpy as np
 from django.db import transaction
 
 import audit.services as audit
+from core.rows import rows_read
 from market import clearing
 from market.clearing.inputs import MAX_AMOUNT, Arrays
 from market.diagnostics import JAIN, UTILISATION, diagnostic
@@ -88,31 +89,41 @@ def round_data(rnd: Round, *, left_out: frozenset[int] = frozenset()) -> RoundDa
     tier_pks = np.array([t[0] for t in tiers], dtype=np.int64)
     capacity = np.array([max(t[2] - t[3], 0) for t in tiers], dtype=np.int64)
     open_bids = Bid.objects.filter(round=rnd, status=Bid.Status.OPEN).exclude(pk__in=left_out)
-    rows = np.array(
+    rows = rows_read(
         open_bids.order_by("pk").values_list(
             "pk", "tenant_id", "quantity", "min_quantity", "escrow"
-        ),
-        dtype=np.int64,
-    ).reshape(-1, 5)
-    limit_rows = np.array(
-        BidLimit.objects.filter(bid__round=rnd, bid__status=Bid.Status.OPEN, tier__active=True)
-        .exclude(bid_id__in=left_out)
-        .values_list("bid_id", "tier_id", "price"),
-        dtype=np.int64,
-    ).reshape(-1, 3)
-    limits = np.zeros((rows.shape[0], len(tiers)), dtype=np.int64)
-    if limit_rows.size:
-        # Both id columns are sorted, so a binary search maps ids to row/column positions.
-        limits[
-            np.searchsorted(rows[:, 0], limit_rows[:, 0]),
-            np.searchsorted(tier_pks, limit_rows[:, 1]),
-        ] = limit_rows[:, 2]
-    tenant_ids = rows[:, 1]
-    # The bidding tenants by a subquery, not a list of their ids (100k ids: 1.17 s, against
-    # 0.38 s).
-    weights = dict(
-        Tenant.objects.filter(pk__in=open_bids.values("tenant_id")).values_list("pk", "weight")
+        )
     )
+    ids = rows[:, 0]
+    limits = np.zeros((ids.size, tier_pks.size), dtype=np.int64)
+    if ids.size and tier_pks.size:
+        # The limits by the range of this round's bid ids, without a join to the bids (a
+        # million bids: 1.4 s of the database's time for the join, 0.4 s for the range); a
+        # limit whose bid is not one read above (another round's, cancelled, left out) or
+        # whose tier is not active is dropped here. Both id columns are sorted, so a binary
+        # search maps ids to row and column positions.
+        found = rows_read(
+            BidLimit.objects.filter(bid__gte=int(ids[0]), bid__lte=int(ids[-1])).values_list(
+                "bid_id", "tier_id", "price"
+            )
+        )
+        row = np.minimum(np.searchsorted(ids, found[:, 0]), ids.size - 1)
+        col = np.minimum(np.searchsorted(tier_pks, found[:, 1]), tier_pks.size - 1)
+        mine = (ids[row] == found[:, 0]) & (tier_pks[col] == found[:, 1])
+        limits[row[mine], col[mine]] = found[mine, 2]
+    tenant_ids = rows[:, 1]
+    # The bidding tenants' weights by the range of their ids, kept where one bids (100k
+    # tenants: 0.06 s; 0.38 s by a subquery of the bids, 1.17 s by a list of 100k ids).
+    bidding = np.unique(tenant_ids)
+    weights = {}
+    if bidding.size:
+        found = rows_read(
+            Tenant.objects.filter(pk__gte=int(bidding[0]), pk__lte=int(bidding[-1])).values_list(
+                "pk", "weight"
+            )
+        )
+        found = found[np.isin(found[:, 0], bidding)]
+        weights = dict(zip(found[:, 0].tolist(), found[:, 1].tolist(), strict=True))
     return RoundData(
         bid_ids=rows[:, 0],
         tenant_ids=tenant_ids,

@@ -11,8 +11,8 @@ from django.test.utils import CaptureQueriesContext
 
 import core.rows
 from audit.models import AuditEvent
-from core.rows import rows_insert, rows_update
-from market.models import Bid
+from core.rows import rows_insert, rows_read, rows_update
+from market.models import Bid, BidLimit
 from market.services import bid_place
 from tenants.models import Account, Entry, LedgerOperation, Transfer
 from tests import factories
@@ -173,3 +173,29 @@ def _saved(tenant) -> Transfer:
     transfer = _transfers(tenant, 1, "saved")[0]
     transfer.save()
     return transfer
+
+
+def test_rows_read_gives_the_rows_values_list_gives_in_one_array():
+    market = market_make()
+    tenant = factories.tenant(credits=10**9)
+    user = factories.member(tenant=tenant)
+    for i in range(4):
+        bid_place(
+            user=user,
+            tenant=tenant,
+            round=market.round,
+            now=T0,
+            quantity=1 + i,
+            limits={"a100": 1000 + i, "h100": 2000 + 3 * i},
+        )
+    qs = (
+        BidLimit.objects.filter(price__gt=1001)
+        .order_by("-price")
+        .values_list("bid_id", "tier_id", "price")
+    )
+    with CaptureQueriesContext(connection) as captured:
+        got = rows_read(qs)
+    assert len(captured.captured_queries) == 1
+    assert got.dtype.name == "int64" and got.shape == (6, 3)
+    assert got.tolist() == [list(row) for row in qs]
+    assert rows_read(qs.filter(price__gt=10**6)).shape == (0, 3)
