@@ -16,12 +16,13 @@ from .errors import ClearingError, SolverError
 from .inputs import Arrays, Bid, Instance, Tenant, Tier, _finite_nonneg, instance_arrays
 from .mechanisms import MECHANISMS, mechanism_params
 from .metrics import envy_count, jain, tenant_matrix
-from .result import Allocation, Result
+from .result import Allocation, Awards, Result
 from .rules import EPS, build_market, weight_quotas
 
 __all__ = [
     "MECHANISMS",
     "Allocation",
+    "Awards",
     "Bid",
     "ClearingError",
     "Instance",
@@ -138,18 +139,13 @@ def _clear(
         charge_arc = charge_arc * factor[a.arc_tenant]
         spend = np.bincount(a.arc_tenant, weights=charge_arc, minlength=a.n_tenants)
     charge_bid = np.bincount(a.arc_bid, weights=charge_arc, minlength=a.n_bids)
-    won = np.flatnonzero(x > EPS)
-    gpus = x[won].astype(float if divisible else np.int64).tolist()
-    allocations = tuple(
-        map(
-            Allocation._make,
-            zip(
-                [a.bid_ids[b] for b in a.arc_bid[won].tolist()],
-                [a.tier_names[t] for t in a.arc_tier[won].tolist()],
-                gpus,
-                strict=True,
-            ),
-        )
+    won = np.flatnonzero(x > EPS)  # arcs are in (bid, tier) order, so the awards are too
+    awards = Awards(
+        bid_ids=a.bid_ids,
+        tier_names=a.tier_names,
+        bid=a.arc_bid[won],
+        tier=a.arc_tier[won],
+        gpus=x[won].astype(float if divisible else np.int64),
     )
     winners = np.unique(a.arc_bid[won])
     charges = dict(zip([a.bid_ids[b] for b in winners], charge_bid[winners].tolist(), strict=True))
@@ -189,7 +185,7 @@ def _clear(
         total_seconds=total,
     )
     return Result(
-        allocations=allocations,
+        awards=awards,
         prices=dict(zip(a.tier_names, outcome.prices.tolist(), strict=True)),
         charges=charges,
         spend=diagnostics["spend"],

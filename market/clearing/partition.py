@@ -35,7 +35,7 @@ import numpy as np
 
 from .errors import ClearingError
 from .inputs import Arrays
-from .result import Allocation, Result
+from .result import Awards, Result
 
 # A part's clear: its arrays in, ``part_result_to_json`` of its result out (the same JSON
 # whether the part was cleared here or by a worker).
@@ -152,14 +152,15 @@ def clear_part(
 def part_result_to_json(result: Result, part: Arrays) -> dict[str, Any]:
     """A part's result as it goes back from a worker: allocations, charges and spend as
     columns of the part's own indices (not one object per allocation)."""
+    won = result.awards
+    if won.bid_ids != part.bid_ids or won.tier_names != part.tier_names:
+        raise ClearingError("a part's result is not in the part's own bid and tier order")
     bid_index = dict(zip(part.bid_ids, range(part.n_bids), strict=True))
-    tier_index = {name: t for t, name in enumerate(part.tier_names)}
-    won = result.allocations
     return {
         "allocations": {
-            "bid": list(map(bid_index.__getitem__, (a.bid for a in won))),
-            "tier": list(map(tier_index.__getitem__, (a.tier for a in won))),
-            "gpus": [a.gpus for a in won],
+            "bid": won.bid.tolist(),
+            "tier": won.tier.tolist(),
+            "gpus": won.gpus.tolist(),
         },
         "charges": {
             "bid": list(map(bid_index.__getitem__, result.charges)),
@@ -186,6 +187,8 @@ def combine(arrays: Arrays, parts: Sequence[Part], results: Sequence[Mapping[str
         )
         tier = np.concatenate([_indices(r["allocations"]["tier"], T) for r in results])
         gpus = [g for r in results for g in r["allocations"]["gpus"]]
+        whole = all(type(g) is int for g in gpus)
+        gpus_column = np.array(gpus, dtype=np.int64 if whole else float).reshape(-1)
         charged = np.concatenate(
             [p.bids[_indices(r["charges"]["bid"], p.bids.size)] for p, r in _pairs(parts, results)]
         )
@@ -197,25 +200,20 @@ def combine(arrays: Arrays, parts: Sequence[Part], results: Sequence[Mapping[str
         for p, r in _pairs(parts, results):
             spend[p.tenants] += np.asarray(r["spend"], dtype=float).reshape(p.tenants.size)
         diags = [r["diagnostics"] for r in results]
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
         raise ClearingError(f"combine: a part's result is not as a part writes it ({exc})") from exc
     order = np.lexsort((tier, bid))
-    gpus_sorted = [gpus[i] for i in order.tolist()]
-    allocations = tuple(
-        map(
-            Allocation._make,
-            zip(
-                [a.bid_ids[b] for b in bid[order].tolist()],
-                [a.tier_names[t] for t in tier[order].tolist()],
-                gpus_sorted,
-                strict=True,
-            ),
-        )
+    awards = Awards(
+        bid_ids=a.bid_ids,
+        tier_names=a.tier_names,
+        bid=bid[order],
+        tier=tier[order],
+        gpus=gpus_column[order],
     )
     charges = dict(zip([a.bid_ids[b] for b in charged.tolist()], amounts, strict=True))
     sold = np.zeros((len(results), T))
     part_index = np.repeat(np.arange(len(results)), [len(r["allocations"]["bid"]) for r in results])
-    np.add.at(sold, (part_index, tier), np.asarray(gpus, dtype=float))
+    np.add.at(sold, (part_index, tier), gpus_column.astype(float))
     total = sold.sum(axis=0)
     combined = np.where(
         total > 0,
@@ -247,7 +245,7 @@ def combine(arrays: Arrays, parts: Sequence[Part], results: Sequence[Mapping[str
         "spend": spend_by_name,
     }
     return Result(
-        allocations=allocations,
+        awards=awards,
         prices=dict(zip(a.tier_names, combined.tolist(), strict=True)),
         charges=charges,
         spend=spend_by_name,

@@ -197,7 +197,9 @@ def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
         result = clearing.clear_arrays(
             arrays, mechanism=policy.mechanism, params=params or None, quotas=quotas
         )
-    return _outcome(result=result, data=data, reserves=reserves, mechanism=policy.mechanism)
+    return _outcome(
+        result=result, data=data, arrays=arrays, reserves=reserves, mechanism=policy.mechanism
+    )
 
 
 def _quotas(setting: object, *, data: RoundData) -> dict | str:
@@ -278,23 +280,32 @@ def _arrays(*, data: RoundData, policy: PolicyVersion, reserves: np.ndarray) -> 
 
 
 def _outcome(
-    *, result: clearing.Result, data: RoundData, reserves: np.ndarray, mechanism: str
+    *,
+    result: clearing.Result,
+    data: RoundData,
+    arrays: Arrays,
+    reserves: np.ndarray,
+    mechanism: str,
 ) -> Outcome:
     """The solver's result in platform units, checked: whole GPUs, only on tiers a bid
     accepted, never above a tier's capacity. A violation is a solver fault and fails the round
     rather than being settled."""
     gpus = np.zeros(data.limits.shape, dtype=np.int64)
-    if result.allocations:
-        bid_pks = np.fromiter((int(a.bid) for a in result.allocations), dtype=np.int64)
-        column = {slug: j for j, slug in enumerate(data.tier_slugs)}
-        cols = np.fromiter((column[a.tier] for a in result.allocations), dtype=np.int64)
-        amounts = np.fromiter((a.gpus for a in result.allocations), dtype=float)
+    won = result.awards
+    if won.bid_ids != arrays.bid_ids or won.tier_names != arrays.tier_names:
+        raise clearing.ClearingError(
+            "the solver's awards are not in the round's bid and tier order"
+        )
+    if won.bid.size:
+        # The arrays hold the round's bids and tiers in its own order (``_arrays``), so the
+        # awards' positions are the rows and columns of ``data``.
+        amounts = won.gpus.astype(float)
         whole_gpus = np.rint(amounts)
         if np.any(np.abs(amounts - whole_gpus) > 1e-6) or np.any(whole_gpus < 0):
             raise clearing.ClearingError(
                 "the solver returned a fractional or negative number of GPUs"
             )
-        np.add.at(gpus, (np.searchsorted(data.bid_ids, bid_pks), cols), whole_gpus.astype(np.int64))
+        np.add.at(gpus, (won.bid, won.tier), whole_gpus.astype(np.int64))
     if np.any((gpus > 0) & (data.limits == 0)):
         raise clearing.ClearingError("the solver awarded a tier a bid did not accept")
     if np.any(gpus.sum(axis=0) > data.capacity) or np.any(gpus.sum(axis=1) > data.quantity):

@@ -138,3 +138,29 @@ def test_a_round_is_cleared_in_parts_from_its_mechanisms_threshold(settings, mon
     assert parted == [("maxmin", settings.GPUMARKET_PARTITION_PARTS)] + [
         ("fisher", settings.GPUMARKET_PARTITION_PARTS)
     ]
+
+
+def test_awards_out_of_the_rounds_order_are_refused_not_settled():
+    # The platform takes an award's position as the row of the round's bid: a result in
+    # another bid order (a part's own, say) would put GPUs on the wrong bids.
+    from dataclasses import replace
+
+    from market.services.round_clearing import _outcome
+
+    rng = np.random.default_rng(4)
+    data = _data(rng, bids=40, tenants=5)
+    policy = PolicyVersion(reserve_prices={}, max_share_pct={})
+    reserves = np.zeros(3, dtype=np.int64)
+    arrays = _arrays(data=data, policy=policy, reserves=reserves)
+    result = clearing.clear_arrays(arrays, mechanism="welfare")
+    fine = _outcome(result=result, data=data, arrays=arrays, reserves=reserves, mechanism="w")
+    assert fine.gpus.sum() == sum(a.gpus for a in result.allocations) > 0
+    shifted = replace(result.awards, bid_ids=arrays.bid_ids[1:] + arrays.bid_ids[:1])
+    with pytest.raises(clearing.ClearingError, match="not in the round's bid and tier order"):
+        _outcome(
+            result=replace(result, awards=shifted),
+            data=data,
+            arrays=arrays,
+            reserves=reserves,
+            mechanism="w",
+        )

@@ -4,12 +4,22 @@ part travels to a worker as checked columns."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
 
-from market.clearing import Bid, ClearingError, Instance, Tenant, Tier, clear, clear_arrays
+from market.clearing import (
+    Bid,
+    ClearingError,
+    Instance,
+    Result,
+    Tenant,
+    Tier,
+    clear,
+    clear_arrays,
+)
 from market.clearing.columns import arrays_from_json, arrays_to_json
 from market.clearing.inputs import Arrays, instance_arrays
 from market.clearing.partition import clear_part, clear_partitioned, combine, split
@@ -201,6 +211,32 @@ def test_a_partitioned_clear_respects_every_hard_constraint(policy):
     assert list(r.allocations) == sorted(
         r.allocations, key=lambda a: (a.bid, [t.name for t in inst.tiers].index(a.tier))
     )
+
+
+def test_a_results_awards_are_its_allocations_as_columns_exact_or_combined():
+    # The platform reads the awards (a million-bid round: no object per award); everything
+    # else reads the allocations. Both must say the same, in the instance's own order.
+    arrays = instance_arrays(_instance(tenants=12, bids=120))
+    parts = split(arrays, 3, seed=0)
+    exact = clear_arrays(arrays, mechanism="welfare")
+    combined = combine(arrays, parts, [clear_part(p.arrays, mechanism="welfare") for p in parts])
+    divisible = clear_arrays(arrays, mechanism="welfare", divisible=True)
+    for r in (exact, combined, divisible):
+        w = r.awards
+        assert (w.bid_ids, w.tier_names) == (arrays.bid_ids, arrays.tier_names)
+        columns = list(
+            zip(
+                [arrays.bid_ids[b] for b in w.bid.tolist()],
+                [arrays.tier_names[t] for t in w.tier.tolist()],
+                w.gpus.tolist(),
+                strict=True,
+            )
+        )
+        assert columns == [tuple(a) for a in r.allocations] and columns
+        assert w.gpus.dtype == (float if r is divisible else np.int64)
+        again = Result.from_json(json.loads(json.dumps(r.to_json())))
+        assert again.allocations == r.allocations and again.awards == r.awards
+        assert [type(a.gpus) for a in again.allocations] == [type(a.gpus) for a in r.allocations]
 
 
 def test_a_failed_part_fails_the_whole_clear():
