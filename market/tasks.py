@@ -65,11 +65,12 @@ def round_clear_task(round_id: int) -> str:
 FAIL_PART_ENV = "GPUMARKET_TEST_FAIL_PART"
 
 
-@shared_task(name="market.clear_part", ignore_result=False)
+@shared_task(name="market.clear_part", ignore_result=False, serializer="msgpack")
 def clear_part_task(part: dict, index: int) -> dict:
     """Clear one part of a partitioned round (pure: no database) and return its result. The
     part comes as columns (market/clearing/columns.py), checked before it is cleared, and its
-    result goes back as columns (partition.part_result_to_json)."""
+    result goes back as columns (partition.part_result_to_json); both travel as MessagePack
+    (settings: CELERY_RESULT_SERIALIZER)."""
     if str(index) in os.environ.get(FAIL_PART_ENV, "").split(","):
         raise clearing.ClearingError(f"part {index}: failed on purpose ({FAIL_PART_ENV})")
     arrays, mechanism, params, quotas = arrays_from_json(part)
