@@ -7,3 +7,7 @@ class MarketError(DomainError):
 
 class RoundBusy(MarketError):
     """Another worker holds the round (it is clearing or settling it); try again later."""
+
+
+class RoundMissing(MarketError):
+    """There is no round with the id given."""

@@ -6,7 +6,7 @@ from collections import defaultdict
 from datetime import UTC, date, datetime
 from typing import Any
 
-from django.db.models import Count, Prefetch, QuerySet, Sum, prefetch_related_objects
+from django.db.models import Count, Prefetch, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -111,13 +111,6 @@ def _with_limits(qs: QuerySet[Bid]) -> QuerySet[Bid]:
     return qs.select_related("round", "author", "campaign").prefetch_related(_limits())
 
 
-def bid_limits_load(*, bid: Bid) -> Bid:
-    """A bid in hand (one just placed) with its limits loaded as ``bids_with_limits`` loads
-    them: one query, instead of reading the bid again."""
-    prefetch_related_objects([bid], _limits())
-    return bid
-
-
 def bids_with_limits() -> QuerySet[Bid]:
     """Every bid with its round, author, campaign and limits; scope it to a tenant before use
     (the API's tenant-scoped viewsets do)."""
@@ -127,10 +120,6 @@ def bids_with_limits() -> QuerySet[Bid]:
 def allocations_with_tier() -> QuerySet[Allocation]:
     """Every allocation with its tier, newest first; scope it to a tenant before use."""
     return Allocation.objects.select_related("tier").order_by("-starts_at", "-id")
-
-
-def round_find(*, round_id: int) -> Round | None:
-    return Round.objects.filter(pk=round_id).first()
 
 
 def bids_for_tenant(

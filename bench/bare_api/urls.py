@@ -16,7 +16,6 @@ from rest_framework.response import Response
 from market.api.serializers import BidCreateSerializer, BidSerializer
 from market.api.views import BidViewSet, limits_checked
 from market.models import Bid, BidLimit
-from market.selectors import bid_limits_load
 from market.services._common import now_or
 from market.services.bids import _round_open_locked, _terms
 
@@ -28,14 +27,12 @@ class BidWithoutBookkeeping(BidViewSet):
         serializer = BidCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        rnd = self._round(data["round"])
+        limits = limits_checked(data["limits"])
         with transaction.atomic():
             terms = _terms(
-                quantity=data["quantity"],
-                min_quantity=data["min_quantity"],
-                limits=limits_checked(data["limits"]),
+                quantity=data["quantity"], min_quantity=data["min_quantity"], limits=limits
             )
-            locked = _round_open_locked(round_id=rnd.pk, now=now_or(None))
+            locked = _round_open_locked(round_id=data["round"], now=now_or(None))
             bid = Bid.objects.create(
                 tenant=self.tenant,
                 author=request.user,
@@ -51,9 +48,8 @@ class BidWithoutBookkeeping(BidViewSet):
                     for slug, price in terms.limits.items()
                 ]
             )
-        return Response(
-            BidSerializer(bid_limits_load(bid=bid)).data, status=status.HTTP_201_CREATED
-        )
+        answer = BidSerializer(bid, context={"placed_limits": limits})
+        return Response(answer.data, status=status.HTTP_201_CREATED)
 
 
 urlpatterns = [path("api/v1/bids", BidWithoutBookkeeping.as_view({"post": "create"}))]

@@ -147,7 +147,12 @@ class BidSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(serializers.DictField(child=CreditsField()))
     def get_limits(self, bid: Bid) -> dict[str, str]:
+        """The bid's limits, in tier slug order; for a bid just placed, ``placed_limits`` in the
+        context ({tier slug: milli-credits}, what it was placed with) instead of a read."""
         shown = CreditsField()
+        placed = self.context.get("placed_limits")
+        if placed is not None:
+            return {slug: shown.to_representation(placed[slug]) for slug in sorted(placed)}
         return {limit.tier.slug: shown.to_representation(limit.price) for limit in bid.limits.all()}
 
 

@@ -25,13 +25,12 @@ from market.api.serializers import (
     RoundSerializer,
     TierSerializer,
 )
-from market.models import Allocation, Bid, Round
+from market.errors import RoundMissing
+from market.models import Allocation, Bid
 from market.selectors import (
     allocations_with_tier,
-    bid_limits_load,
     bids_with_limits,
     policy_active_get,
-    round_find,
     rounds_all,
     rounds_open,
     tiers_all,
@@ -158,27 +157,27 @@ class BidViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         serializer = BidCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        bid = bid_place(
-            user=request.user,
-            tenant=self.tenant,
-            round=self._round(data["round"]),
-            quantity=data["quantity"],
-            min_quantity=data["min_quantity"],
-            limits=limits_checked(data["limits"]),
-            campaign=self._campaign(data["campaign"]),
-            idempotency_key=request.headers.get("Idempotency-Key") or None,
-            note=data["note"],
-        )
-        # The bid in hand is what was written; only its limits are read back.
-        return Response(
-            BidSerializer(bid_limits_load(bid=bid)).data, status=status.HTTP_201_CREATED
-        )
-
-    def _round(self, round_id: int) -> Round:
-        rnd = round_find(round_id=round_id)
-        if rnd is None:
-            raise Missing(f"There is no round {round_id}.", fields={"round": ["no such round"]})
-        return rnd
+        limits = limits_checked(data["limits"])
+        try:
+            bid = bid_place(
+                user=request.user,
+                tenant=self.tenant,
+                round=data["round"],  # read once, locked, by bid_place
+                quantity=data["quantity"],
+                min_quantity=data["min_quantity"],
+                limits=limits,
+                campaign=self._campaign(data["campaign"]),
+                idempotency_key=request.headers.get("Idempotency-Key") or None,
+                note=data["note"],
+            )
+        except RoundMissing as exc:
+            raise Missing(
+                f"There is no round {data['round']}.", fields={"round": ["no such round"]}
+            ) from exc
+        # The bid in hand is what was written, and its limits are those asked for: bid_place
+        # stores them as given or refuses (a replayed key with other limits included).
+        answer = BidSerializer(bid, context={"placed_limits": limits})
+        return Response(answer.data, status=status.HTTP_201_CREATED)
 
     def _campaign(self, campaign_id: int | None) -> Campaign | None:
         if campaign_id is None:

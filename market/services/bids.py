@@ -16,7 +16,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
 import audit.services as audit
-from market.errors import MarketError
+from market.errors import MarketError, RoundMissing
 from market.models import Bid, BidLimit, Round, Tier
 from market.services._common import MAX_GPUS, MAX_PRICE, cost_ceil, now_or, whole
 from tenants.access import access_object, membership_of
@@ -76,7 +76,10 @@ def _terms(*, quantity: Any, min_quantity: Any, limits: Any) -> _Terms:
 
 
 def _round_open_locked(*, round_id: int, now: datetime) -> Round:
-    rnd = Round.objects.select_for_update().get(pk=round_id)
+    try:
+        rnd = Round.objects.select_for_update().get(pk=round_id)
+    except Round.DoesNotExist:
+        raise RoundMissing(f"there is no round {round_id}") from None
     if rnd.status != Round.Status.OPEN or rnd.closes_at <= now:
         raise MarketError(
             f"bidding for round {rnd.pk} closed at {rnd.closes_at:%Y-%m-%d %H:%M:%S} UTC; "
@@ -130,7 +133,7 @@ def bid_place(
     *,
     user: AbstractBaseUser,
     tenant: Tenant,
-    round: Round,  # the domain's word, though it shadows the builtin here
+    round: Round | int,  # the domain's word, though it shadows the builtin here
     quantity: int,
     min_quantity: int = 0,
     limits: dict[str, int],
@@ -142,12 +145,16 @@ def bid_place(
     """Place a bid for ``quantity`` GPUs (all-or-nothing below ``min_quantity``; 0 = any) with a
     limit price per acceptable tier, {tier slug: milli-credits per GPU-hour}.
 
+    ``round`` is the round or its id (the API has only the id): either way the round is read
+    here, once, locked; RoundMissing when there is none.
+
     Holds quantity x highest limit x window hours (rounded up) in escrow, after the tenant's
     budgets allow it. ``tenant`` comes from the access helpers (the caller's tenant). With an
     ``idempotency_key`` a retry returns the first bid. Raises MarketError with the reason;
     on any refusal nothing is written.
     """
     now = now_or(now)
+    round_id = round if isinstance(round, int) else round.pk
     _check_member(user=user, tenant=tenant)
     terms = _terms(quantity=quantity, min_quantity=min_quantity, limits=limits)
     if campaign is not None and campaign.tenant_id != tenant.pk:
@@ -159,9 +166,9 @@ def bid_place(
         previous = Bid.objects.filter(tenant=tenant, idempotency_key=key).first()
         if previous is not None:
             return _same_bid_or_refuse(
-                previous, terms=terms, round_id=round.pk, key=key, campaign=campaign, note=note
+                previous, terms=terms, round_id=round_id, key=key, campaign=campaign, note=note
             )
-    rnd = _round_open_locked(round_id=round.pk, now=now)
+    rnd = _round_open_locked(round_id=round_id, now=now)
     escrow = bid_escrow(quantity=terms.quantity, limits=terms.limits, seconds=window_seconds(rnd))
     _budget_or_refuse(tenant=tenant, amount=escrow, campaign=campaign, now=now)
     try:
@@ -185,7 +192,7 @@ def bid_place(
         # The same key raced in from another request; that one owns the bid.
         previous = Bid.objects.get(tenant=tenant, idempotency_key=key)
         return _same_bid_or_refuse(
-            previous, terms=terms, round_id=round.pk, key=key, campaign=campaign, note=note
+            previous, terms=terms, round_id=round_id, key=key, campaign=campaign, note=note
         )
     BidLimit.objects.bulk_create(
         [
