@@ -23,11 +23,11 @@ class Awards:
     whole-GPU mode, float otherwise. A million-bid round is read this way by the platform,
     without an object per award."""
 
-    bid_ids: tuple[str, ...]
-    tier_names: tuple[str, ...]
-    bid: np.ndarray
-    tier: np.ndarray
-    gpus: np.ndarray
+    bid_ids: tuple[str, ...]  # the instance's bids, in id order
+    tier_names: tuple[str, ...]  # the instance's tiers, in instance order
+    bid: np.ndarray  # (A,) int64, a position in bid_ids per award
+    tier: np.ndarray  # (A,) int64, a position in tier_names per award
+    gpus: np.ndarray  # (A,) GPUs per award, > 0: int64 whole, float divisible
 
     @classmethod
     def of(cls, allocations: Sequence[Allocation]) -> Awards:
