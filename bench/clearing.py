@@ -24,6 +24,7 @@ from functools import partial
 from pathlib import Path
 
 import cvxpy as cp
+import msgpack
 import numpy as np
 import scipy.sparse as sp
 from ortools.graph.python import min_cost_flow
@@ -223,20 +224,21 @@ def bare_same_problem(inst: Instance, policy: str, params: dict | None) -> float
     return total
 
 
-def _clear_wire(payload: str) -> str:
-    """A worker's side of a part, as the market.clear_part task does it: JSON columns in,
-    checked, cleared, the result's JSON out."""
-    arrays, mechanism, params, quotas = arrays_from_json(json.loads(payload))
-    return json.dumps(clear_part(arrays, mechanism=mechanism, params=params, quotas=quotas))
+def _clear_wire(payload: bytes) -> bytes:
+    """A worker's side of a part, as the market.clear_part task does it: the columns in as
+    MessagePack, checked, cleared, the result out as MessagePack."""
+    arrays, mechanism, params, quotas = arrays_from_json(msgpack.unpackb(payload))
+    return msgpack.packb(clear_part(arrays, mechanism=mechanism, params=params, quotas=quotas))
 
 
 def _on_pool(pool: ProcessPoolExecutor, policy: str, params: dict | None):
     """map_parts that sends each part to the pool as the platform sends it to a Celery worker
-    (JSON columns, the result back as JSON), so the encoding is in the figures."""
+    (the columns as MessagePack, the result back the same way), so the encoding is in the
+    figures."""
 
     def map_parts(_clear: object, subs) -> list[dict]:
-        payloads = [json.dumps(arrays_to_json(s, mechanism=policy, params=params)) for s in subs]
-        return [json.loads(r) for r in pool.map(_clear_wire, payloads)]
+        payloads = [msgpack.packb(arrays_to_json(s, mechanism=policy, params=params)) for s in subs]
+        return [msgpack.unpackb(r) for r in pool.map(_clear_wire, payloads)]
 
     return map_parts
 
@@ -282,7 +284,7 @@ def partitioned(args, sizes) -> None:
                 r = clear_partitioned(
                     arrays,
                     parts=args.parts,
-                    # What each worker runs on its part; _on_pool sends it there as JSON.
+                    # What each worker runs on its part; _on_pool sends it there as MessagePack.
                     clear_part=partial(clear_part, mechanism=policy, params=params),
                     map_parts=_on_pool(pool, policy, params),
                 )
