@@ -148,9 +148,10 @@ def rows_read(queryset: QuerySet) -> np.ndarray:
     int64 array (rows, columns), in the caller's transaction.
 
     The queryset's own SQL is run once and its rows fetched at once, without the tuple
-    Django makes of each row and the chunks it fetches them in: a million-bid round's two
-    reads (a million bids, two million limits) took 5.8 s through ``values_list`` and 1.8 s
-    this way.
+    Django makes of each row and the chunks of 100 it fetches them in. A million-bid round's
+    read (``round_clearing.round_data``: a million bids, two million limits, the tenants)
+    took 4.3-4.6 s through ``values_list`` and 2.3-2.8 s this way (with its limits read by a
+    range of ids rather than a join).
     """
     compiler = queryset.query.get_compiler(using=queryset.db)
     sql, params = compiler.as_sql()

@@ -35,7 +35,7 @@ import numpy as np
 
 from .errors import ClearingError
 from .inputs import Arrays
-from .result import Awards, Result
+from .result import Awards, Result, gpus_column
 
 # A part's clear: its arrays in, ``part_result_to_json`` of its result out (the same JSON
 # whether the part was cleared here or by a worker).
@@ -186,14 +186,12 @@ def combine(arrays: Arrays, parts: Sequence[Part], results: Sequence[Mapping[str
             ]
         )
         tier = np.concatenate([_indices(r["allocations"]["tier"], T) for r in results])
-        gpus = [g for r in results for g in r["allocations"]["gpus"]]
-        whole = all(type(g) is int for g in gpus)
-        gpus_column = np.array(gpus, dtype=np.int64 if whole else float).reshape(-1)
+        gpus = gpus_column([g for r in results for g in r["allocations"]["gpus"]])
         charged = np.concatenate(
             [p.bids[_indices(r["charges"]["bid"], p.bids.size)] for p, r in _pairs(parts, results)]
         )
         amounts = [c for r in results for c in r["charges"]["amount"]]
-        if len(gpus) != bid.size or len(amounts) != charged.size:
+        if gpus.size != bid.size or len(amounts) != charged.size:
             raise ValueError("columns of different lengths")
         part_prices = np.array([r["prices"] for r in results], dtype=float).reshape(-1, T)
         spend = np.zeros(a.n_tenants)
@@ -208,12 +206,12 @@ def combine(arrays: Arrays, parts: Sequence[Part], results: Sequence[Mapping[str
         tier_names=a.tier_names,
         bid=bid[order],
         tier=tier[order],
-        gpus=gpus_column[order],
+        gpus=gpus[order],
     )
     charges = dict(zip([a.bid_ids[b] for b in charged.tolist()], amounts, strict=True))
     sold = np.zeros((len(results), T))
     part_index = np.repeat(np.arange(len(results)), [len(r["allocations"]["bid"]) for r in results])
-    np.add.at(sold, (part_index, tier), gpus_column.astype(float))
+    np.add.at(sold, (part_index, tier), gpus.astype(float))
     total = sold.sum(axis=0)
     combined = np.where(
         total > 0,

@@ -16,6 +16,13 @@ class Allocation(NamedTuple):
     gpus: float  # whole numbers unless cleared in divisible mode
 
 
+def gpus_column(values: Sequence[float]) -> np.ndarray:
+    """GPUs per award as read from a list: int64 when every one is an int (whole-GPU mode),
+    float otherwise, so they go back out as the same Python types."""
+    whole = all(type(g) is int for g in values)
+    return np.array(values, dtype=np.int64 if whole else float).reshape(-1)
+
+
 @dataclass(frozen=True, eq=False)
 class Awards:
     """The allocations as columns, sorted by (bid, tier): ``bid`` and ``tier`` are positions
@@ -34,14 +41,12 @@ class Awards:
         """The columns of allocations given one by one (as the JSON form holds them)."""
         tiers = tuple(dict.fromkeys(a.tier for a in allocations))
         at = {name: t for t, name in enumerate(tiers)}
-        gpus = [a.gpus for a in allocations]
-        whole = all(type(g) is int for g in gpus)
         return cls(
             bid_ids=tuple(a.bid for a in allocations),
             tier_names=tiers,
             bid=np.arange(len(allocations), dtype=np.int64),
             tier=np.fromiter((at[a.tier] for a in allocations), np.int64, len(allocations)),
-            gpus=np.array(gpus, dtype=np.int64 if whole else float).reshape(-1),
+            gpus=gpus_column([a.gpus for a in allocations]),
         )
 
     def allocations(self) -> tuple[Allocation, ...]:
