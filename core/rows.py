@@ -1,5 +1,6 @@
-"""Many rows at once: new rows (``rows_insert``), rows written back each with its own values
-(``rows_update``) and integer columns read into one array (``rows_read``)."""
+"""Many rows at once: new rows from model objects (``rows_insert``) or from plain values
+(``rows_copy``), rows written back each with its own values (``rows_update``) and integer
+columns read into one array (``rows_read``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 from django.db import connections, models, router
 from django.db.models import Model, QuerySet
+from django.utils import timezone
 
 PG_ROWS = 50_000  # rows per UPDATE on PostgreSQL (one array per field)
 CASE_ROWS = 500  # rows per bulk_update statement elsewhere
@@ -70,35 +72,96 @@ def rows_insert(objs: Sequence[Model]) -> None:
         model._default_manager.db_manager(alias).bulk_create(objs, batch_size=CREATE_ROWS)
         return
     meta = model._meta
-    pk = meta.pk
     if any(obj.pk is not None for obj in objs):
         raise ValueError(f"rows_insert: a {meta.label} row already has its primary key")
-    fields = [f for f in meta.concrete_fields if f is not pk]
+    fields = [f for f in meta.concrete_fields if f is not meta.pk]
+    _related_keys(objs, [f for f in fields if f.is_relation])
+    plain = [type(f) in _AS_HELD for f in fields]
+
+    def values(obj: Model) -> list:
+        return [
+            getattr(obj, f.attname)
+            if as_held
+            else f.get_db_prep_save(f.pre_save(obj, True), connection)
+            for f, as_held in zip(fields, plain, strict=True)
+        ]
+
+    keys = _copy(connection, model, fields, objs, values)
+    for obj, key in zip(objs, keys, strict=True):
+        setattr(obj, meta.pk.attname, key)
+        obj._state.adding = False
+        obj._state.db = alias
+
+
+def rows_copy(model: type[Model], names: Sequence[str], rows: Sequence[Sequence]) -> list[int]:
+    """Insert ``rows`` (tuples of values for the fields ``names``, in that order; a foreign key
+    given by its id) as new rows of ``model`` with database-generated primary keys, in the
+    caller's transaction and in order; returns their keys.
+
+    ``rows_insert`` without a model object per row, for a batch whose rows nobody reads back
+    as objects (a settlement's ledger entries and idempotency records: a million-bid round
+    writes millions). Every field the model has and ``names`` leaves out is written as its
+    default would be, so ``names`` must cover every field without one; a time set on insert
+    (``auto_now``, ``auto_now_add``) must be left out, and is the time of the call. Values
+    are written as given (prepared by their field where it is not a plain integer, string,
+    boolean or key). Same statements as ``rows_insert``: COPY on PostgreSQL,
+    ``bulk_create`` elsewhere and for fewer than COPY_FROM_ROWS rows.
+    """
+    if not rows:
+        return []
+    meta = model._meta
+    fields = [meta.get_field(name) for name in names]
+    if any(f.primary_key or not f.concrete for f in fields):
+        raise ValueError(f"rows_copy: {meta.label} takes concrete fields other than its key")
+    timed = [f.name for f in fields if _set_on_insert(f)]
+    if timed:
+        raise ValueError(f"rows_copy: {meta.label}.{timed[0]} is set on insert; leave it out")
+    given = set(fields)
+    rest = [f for f in meta.concrete_fields if f is not meta.pk and f not in given]
+    alias = router.db_for_write(model)
+    connection = connections[alias]
+    if connection.vendor != "postgresql" or len(rows) < COPY_FROM_ROWS:
+        attnames = [f.attname for f in fields]
+        objs = [model(**dict(zip(attnames, row, strict=True))) for row in rows]
+        model._default_manager.db_manager(alias).bulk_create(objs, batch_size=CREATE_ROWS)
+        return [obj.pk for obj in objs]
+    now = timezone.now()
+    defaults = [
+        f.get_db_prep_save(now if _set_on_insert(f) else f.get_default(), connection) for f in rest
+    ]
+    prepare = [None if type(f) in _AS_HELD else f for f in fields]
+
+    def values(row: Sequence) -> list:
+        return [
+            value if f is None else f.get_db_prep_save(value, connection)
+            for f, value in zip(prepare, row, strict=True)
+        ] + defaults
+
+    return _copy(connection, model, [*fields, *rest], rows, values)
+
+
+def _set_on_insert(field) -> bool:
+    return getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)
+
+
+def _copy(connection, model: type[Model], fields: list, items: Sequence, values) -> list[int]:
+    """COPY one row per item (``values(item)``: the values of ``fields``), with keys drawn from
+    the table's sequence in one statement; returns the keys in order."""
+    meta = model._meta
+    pk = meta.pk
     quote = connection.ops.quote_name
     columns = ", ".join(quote(f.column) for f in [pk, *fields])
-    _related_keys(objs, [f for f in fields if f.is_relation])
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
-            [quote(meta.db_table), pk.column, len(objs)],
+            [quote(meta.db_table), pk.column, len(items)],
         )
         keys = sorted(row[0] for row in cursor.fetchall())
-        for obj, key in zip(objs, keys, strict=True):
-            setattr(obj, pk.attname, key)
-        plain = [type(f) in _AS_HELD for f in fields]
         copy_sql = f"COPY {quote(meta.db_table)} ({columns}) FROM STDIN"
         with connection.wrap_database_errors, cursor.cursor.copy(copy_sql) as copy:
-            for obj in objs:
-                row = [getattr(obj, pk.attname)]
-                for f, as_held in zip(fields, plain, strict=True):
-                    value = getattr(obj, f.attname)
-                    row.append(
-                        value if as_held else f.get_db_prep_save(f.pre_save(obj, True), connection)
-                    )
-                copy.write_row(row)
-    for obj in objs:
-        obj._state.adding = False
-        obj._state.db = alias
+            for key, item in zip(keys, items, strict=True):
+                copy.write_row([key, *values(item)])
+    return keys
 
 
 def rows_update(objs: Sequence[Model], fields: Sequence[str]) -> None:

@@ -214,12 +214,13 @@ def _transfer_locked(
             outcome=LedgerOperation.Outcome.APPLIED,
             transfer=transfer,
         )
-    _transfer_audit(transfer, source=source, destination=destination)
+    _transfer_audit(transfer, source=str(source), destination=str(destination))
     return _Outcome(transfer)
 
 
-def _transfer_audit(transfer: Transfer, *, source: Account, destination: Account) -> None:
-    """The audit event of a transfer (verify-ledger matches each transfer to its own)."""
+def _transfer_audit(transfer: Transfer, *, source: str, destination: str) -> None:
+    """The audit event of a transfer (verify-ledger matches each transfer to its own);
+    ``source`` and ``destination`` name its accounts (``str`` of each)."""
     audit.record(
         actor=transfer.actor,
         action=f"ledger.{transfer.kind}",
@@ -227,8 +228,8 @@ def _transfer_audit(transfer: Transfer, *, source: Account, destination: Account
         tenant=transfer.tenant,
         after={
             "amount": transfer.amount,
-            "from": str(source),
-            "to": str(destination),
+            "from": source,
+            "to": destination,
             "reference": transfer.reference,
             "reason": transfer.reason,
             "campaign": transfer.campaign_id,

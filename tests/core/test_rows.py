@@ -1,5 +1,6 @@
 """rows_update: each row gets its own values, in one statement per PG_ROWS rows. rows_insert:
-the rows bulk_create would write, their keys set, refused whole as a save refuses."""
+the rows bulk_create would write, their keys set, refused whole as a save refuses. rows_copy:
+the same rows from plain values, by COPY or by bulk_create, keys back in order."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 import core.rows
 from audit.models import AuditEvent
-from core.rows import rows_insert, rows_read, rows_update
+from core.rows import rows_copy, rows_insert, rows_read, rows_update
 from market.models import Bid, BidLimit
 from market.services import bid_place
 from tenants.models import Account, Entry, LedgerOperation, Transfer
@@ -173,6 +175,60 @@ def _saved(tenant) -> Transfer:
     transfer = _transfers(tenant, 1, "saved")[0]
     transfer.save()
     return transfer
+
+
+@pytest.mark.parametrize("copy_from", [1, 10**9], ids=["copy", "bulk_create"])
+def test_rows_copy_writes_from_values_what_rows_insert_writes_from_objects(monkeypatch, copy_from):
+    monkeypatch.setattr(core.rows, "COPY_FROM_ROWS", copy_from)
+    tenant = factories.tenant(credits=10**6)
+    objects = _transfers(tenant, 4, "objects")
+    rows_insert(objects)
+    names = ("kind", "tenant", "amount", "source", "destination", "reference", "reason")
+    names += ("created_at",)
+    values = [
+        tuple(getattr(t, t._meta.get_field(name).attname) for name in names)
+        for t in _transfers(tenant, 4, "values")
+    ]
+    keys = rows_copy(Transfer, names, values)
+    assert keys == sorted(keys) and min(keys) > max(t.pk for t in objects)
+    for obj, key in zip(objects, keys, strict=True):
+        # campaign and actor, left out, are written as their defaults (NULL)
+        a, b = Transfer.objects.get(pk=obj.pk), Transfer.objects.get(pk=key)
+        assert _row(a) == _row(b) and b.campaign_id is None and b.actor_id is None
+        assert b.created_at == a.created_at and b.reason == a.reason
+    # A field left out takes its default ("" for the message); a time Django sets on
+    # insert is the time of the call, on every backend alike, and may not be given.
+    start = timezone.now()
+    (op,) = rows_copy(
+        LedgerOperation,
+        ("key", "fingerprint", "outcome", "transfer"),
+        [("k-values", "f", LedgerOperation.Outcome.APPLIED, keys[0])],
+    )
+    row = LedgerOperation.objects.get(pk=op)
+    assert (row.key, row.outcome, row.message, row.transfer_id) == (
+        "k-values",
+        "applied",
+        "",
+        keys[0],
+    )
+    assert start <= row.created_at <= timezone.now()
+    with pytest.raises(ValueError, match="LedgerOperation.created_at is set on insert"):
+        rows_copy(
+            LedgerOperation,
+            ("key", "fingerprint", "outcome", "created_at"),
+            [("k2", "f", "applied", start)],
+        )
+    assert rows_copy(Entry, ("transfer", "account", "amount"), []) == []
+    # A row the database refuses (an entry of 0) leaves none of the batch behind.
+    account = Account.objects.filter(tenant=tenant).first()
+    before = Entry.objects.count()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        rows_copy(
+            Entry,
+            ("transfer", "account", "amount"),
+            [(keys[0], account.pk, amount) for amount in (5, -5, 0)],
+        )
+    assert Entry.objects.count() == before
 
 
 def test_rows_read_gives_the_rows_values_list_gives_in_one_array():
