@@ -29,7 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 from ortools.graph.python import min_cost_flow
 
-from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear, highs
+from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear, clear_arrays, highs
 from market.clearing.columns import arrays_from_json, arrays_to_json
 from market.clearing.inputs import instance_arrays
 from market.clearing.partition import clear_part, clear_partitioned
@@ -355,7 +355,8 @@ def main() -> None:
         return
     print(
         f"{'policy':8} {'tenants':>7} {'bids':>7} {'tiers':>5} {'build':>7} {'solve':>7} "
-        f"{'round':>7} {'total':>7} {'bare':>8} {'ratio':>6} {'mcf':>7} {'x mcf':>6}  status"
+        f"{'round':>7} {'total':>7} {'bare':>8} {'ratio':>6} {'mcf':>7} {'x mcf':>6}  "
+        f"{'arrays':>7} {'a/mcf':>6}  status"
     )
     for tenants, bids, tiers in sizes:
         inst = instance(tenants, bids, tiers, gang_share=args.gang_share, weight=args.weight)
@@ -366,14 +367,19 @@ def main() -> None:
             params = {"time_limit": args.time_limit}
             r = clear(inst, mechanism=policy, params=params)
             d = r.diagnostics
-            mcf_text = f"{'-':>7} {'-':>6}"
+            mcf_text = f"{'-':>7} {'-':>6}  {'-':>7} {'-':>6}"
             if policy == "welfare":
                 try:
                     bare = bare_welfare(inst, args.bare_limit)
                 except SolverError:  # the direct LP hit --bare-limit
                     bare = math.inf
                 mcf = bare_min_cost_flow(inst)
-                mcf_text = f"{mcf:7.3f} {d['total_seconds'] / mcf:6.2f}"
+                # The same clear from the instance's arrays, what the platform calls: like
+                # the bare flow's figure, it starts once the instance has been read.
+                arrays = instance_arrays(inst)
+                from_arrays = clear_arrays(arrays, mechanism=policy, params=params)
+                seconds = from_arrays.diagnostics["total_seconds"]
+                mcf_text = f"{mcf:7.3f} {d['total_seconds'] / mcf:6.2f}  {seconds:7.3f} {seconds / mcf:6.2f}"
             else:
                 bare = bare_same_problem(inst, policy, params)
             bare_text = f"{bare:8.3f}" if bare < args.bare_limit else f">{args.bare_limit:7.0f}"
