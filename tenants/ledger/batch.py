@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import router, transaction
@@ -109,25 +110,10 @@ def transfer_execute_many(*, orders: Sequence[TransferOrder]) -> list[Transfer]:
     # field, cost about 60 microseconds a transfer more (docs/market.md).
     for start in range(0, len(new), WRITE_SLICE):
         part = new[start : start + WRITE_SLICE]
-        keys = rows_copy(
-            Transfer,
-            _TRANSFER_FIELDS,
-            [
-                (
-                    order.kind,
-                    order.tenant.pk,
-                    order.amount,
-                    source.pk,
-                    destination.pk,
-                    order.campaign.pk if order.campaign is not None else None,
-                    order.reference,
-                    order.reason,
-                    order.actor.pk if order.actor is not None else None,
-                    now,
-                )
-                for _, order, source, destination in part
-            ],
-        )
+        rows = [
+            _transfer_row(order, source, destination, now) for _, order, source, destination in part
+        ]
+        keys = rows_copy(Transfer, _TRANSFER_FIELDS, rows)
         rows_copy(
             Entry,
             ("transfer", "account", "amount"),
@@ -155,8 +141,8 @@ def transfer_execute_many(*, orders: Sequence[TransferOrder]) -> list[Transfer]:
         )
         labels: dict[int, str] = {}  # str(account), once per account
         with audit.batch():
-            for key, (i, order, source, destination) in zip(keys, part, strict=True):
-                transfer = _transfer(key, order, source, destination, now, alias)
+            for key, row, (i, order, source, destination) in zip(keys, rows, part, strict=True):
+                transfer = _transfer(key, row, order, source, destination, alias)
                 for account in (source, destination):
                     if account.pk not in labels:
                         labels[account.pk] = str(account)
@@ -184,26 +170,34 @@ _TRANSFER_FIELDS = (
 )
 
 
-def _transfer(
-    key: int, order: TransferOrder, source: Account, destination: Account, now, alias: str
-) -> Transfer:
-    """The saved transfer ``rows_copy`` wrote for ``order``, as an object, with its tenant,
-    accounts, campaign and actor in hand (reading one of them makes no query)."""
-    transfer = Transfer(
-        id=key,
-        kind=order.kind,
-        tenant_id=order.tenant.pk,
-        amount=order.amount,
-        source_id=source.pk,
-        destination_id=destination.pk,
-        campaign_id=order.campaign.pk if order.campaign is not None else None,
-        reference=order.reference,
-        reason=order.reason,
-        actor_id=order.actor.pk if order.actor is not None else None,
-        created_at=now,
+@cache
+def _transfer_attnames() -> tuple[str, ...]:
+    return tuple(Transfer._meta.get_field(name).attname for name in _TRANSFER_FIELDS)
+
+
+def _transfer_row(order: TransferOrder, source: Account, destination: Account, now) -> tuple:
+    """The values of ``order``'s transfer, field by field as ``_TRANSFER_FIELDS`` names them."""
+    return (
+        order.kind,
+        order.tenant.pk,
+        order.amount,
+        source.pk,
+        destination.pk,
+        order.campaign.pk if order.campaign is not None else None,
+        order.reference,
+        order.reason,
+        order.actor.pk if order.actor is not None else None,
+        now,
     )
-    cache = transfer._state.fields_cache
-    cache.update(
+
+
+def _transfer(
+    key: int, row: tuple, order: TransferOrder, source: Account, destination: Account, alias: str
+) -> Transfer:
+    """The saved transfer ``rows_copy`` wrote from ``row``, as an object, with its tenant,
+    accounts, campaign and actor in hand (reading one of them makes no query)."""
+    transfer = Transfer(id=key, **dict(zip(_transfer_attnames(), row, strict=True)))
+    transfer._state.fields_cache.update(
         tenant=order.tenant,
         source=source,
         destination=destination,
