@@ -365,7 +365,15 @@ def main() -> None:
                 print(f"{policy:8} {tenants:7} {bids:7} {tiers:5}  skipped (> --max-fair-bids)")
                 continue
             params = {"time_limit": args.time_limit}
-            r = clear(inst, mechanism=policy, params=params)
+            start = time.perf_counter()
+            try:
+                r = clear(inst, mechanism=policy, params=params)
+            except SolverError as exc:  # e.g. the time limit: the row says so, the rest runs
+                seconds = time.perf_counter() - start
+                print(
+                    f"{policy:8} {tenants:7} {bids:7} {tiers:5}  failed after {seconds:.1f} s: {exc}"
+                )
+                continue
             d = r.diagnostics
             mcf_text = f"{'-':>7} {'-':>6}  {'-':>7} {'-':>6}"
             if policy == "welfare":
