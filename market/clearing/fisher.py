@@ -178,30 +178,43 @@ def budgets(market: Market) -> np.ndarray:
     return np.where(given, np.nan_to_num(a.budget), share)
 
 
-def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
+def buyer_budgets(market: Market) -> tuple[np.ndarray, np.ndarray]:
+    """(B_i (N,), left out (N,) bool): the budgets of the buyers in the fair division, 0 for
+    the tenants left out of it."""
     a = market.arrays
-    N, B = a.n_tenants, a.n_bids
-    values = tenant_values(market, params["values"])
-    v = values[a.arc_tenant, a.arc_tier]
     budget = budgets(market)
     # Without weight, no entitlement: such a tenant (and one without money) is not a buyer in
     # the fair division; it takes what is left that it values. Holding it out also keeps the
     # guarantees (shares of the weighted tenants) from forcing a buyer's utility to 0.
     left_out = (budget <= 0) | ((a.weight <= 0) & bool((a.weight > 0).any()))
-    budget = np.where(left_out, 0.0, budget)
-    g, bundle = guarantee_bundles(market, v)
-    held = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
-    om = open_market(market)
-    # Only arcs that can carry a GPU enter: a log term whose utility is forced to 0 has no
-    # optimum, so a tenant with nothing obtainable is left out of the objective instead.
+    return np.where(left_out, 0.0, budget), left_out
+
+
+def program_arcs(market: Market, om: OpenMarket, v: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """The arcs of the Eisenberg-Gale program: only arcs that can carry a GPU enter, since a
+    log term whose utility is forced to 0 has no optimum (a tenant with nothing obtainable is
+    left out of the objective instead)."""
+    a = market.arrays
     open_group = (om.arc_capped < 0) | (om.group_room[np.maximum(om.arc_capped, 0)] > EPS)
-    cols = np.flatnonzero(
+    return np.flatnonzero(
         (v > 0)
         & (budget[a.arc_tenant] > 0)
         & (om.bid_room[om.arc_bid] > EPS)
         & (om.tier_room[om.arc_tier] > EPS)
         & open_group
     )
+
+
+def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
+    a = market.arrays
+    N, B = a.n_tenants, a.n_bids
+    values = tenant_values(market, params["values"])
+    v = values[a.arc_tenant, a.arc_tier]
+    budget, left_out = buyer_budgets(market)
+    g, bundle = guarantee_bundles(market, v)
+    held = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
+    om = open_market(market)
+    cols = program_arcs(market, om, v, budget)
     x = np.zeros(a.arc_bid.size)
     duals = np.zeros(a.n_tiers)
     seconds, status = 0.0, "optimal"
