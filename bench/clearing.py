@@ -29,7 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 from ortools.graph.python import min_cost_flow
 
-from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear, clear_arrays, highs
+from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear, clear_arrays, eg, highs
 from market.clearing.columns import arrays_from_json, arrays_to_json
 from market.clearing.inputs import instance_arrays
 from market.clearing.partition import clear_part, clear_partitioned
@@ -182,17 +182,21 @@ def recorded_calls(inst: Instance, policy: str, params: dict | None) -> list:
     """Clear once more while recording every solver call the policy makes."""
     calls: list = []
     if policy == "fisher":
-        original = cp.Problem.solve
+        original, original_eg = cp.Problem.solve, eg.solve
 
         def spy(problem: cp.Problem, *args: object, **kwargs: object) -> object:
             calls.append((problem, kwargs))
             return original(problem, *args, **kwargs)
 
-        cp.Problem.solve = spy
+        def spy_eg(program: eg.Program, **kwargs: object) -> eg.Solution | None:
+            calls.append((program, kwargs))
+            return original_eg(program, **kwargs)
+
+        cp.Problem.solve, eg.solve = spy, spy_eg
         try:
             clear(inst, mechanism=policy, params=params)
         finally:
-            cp.Problem.solve = original
+            cp.Problem.solve, eg.solve = original, original_eg
     else:
         original = highs.solve
 
@@ -209,13 +213,15 @@ def recorded_calls(inst: Instance, policy: str, params: dict | None) -> list:
 
 
 def bare_same_problem(inst: Instance, policy: str, params: dict | None) -> float:
-    """The policy's own solver calls run bare, from a fresh model each: a new cvxpy Problem
-    over the same expressions (canonicalisation + Clarabel) for fisher, the same HiGHS
-    model for maxmin."""
+    """The policy's own solver calls run bare, from a fresh model each: for fisher its
+    structured interior point (eg.solve) on the same program, or a new cvxpy Problem over
+    the same expressions (canonicalisation + Clarabel); the same HiGHS model for maxmin."""
     total = 0.0
     for call in recorded_calls(inst, policy, params):
         start = time.perf_counter()
-        if policy == "fisher":
+        if policy == "fisher" and isinstance(call[0], eg.Program):
+            eg.solve(call[0], **call[1])
+        elif policy == "fisher":
             problem, kwargs = call
             cp.Problem(problem.objective, problem.constraints).solve(**kwargs)
         else:
