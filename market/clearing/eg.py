@@ -33,7 +33,8 @@ bounds the optimum from above at every pi >= 0. An answer is returned only when 
 method's allocation, which meets every row, is within GAP of D at the method's tier duals;
 otherwise ``solve`` answers None and the caller solves the conic program.
 
-Not for: share caps that bind or gang minimums (fisher does not call it then).
+Not for: share caps that bind or gang minimums, or more than MAX_BLOCK tenants x tiers^2
+(fisher does not call it then).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ GAP_ABS, GAP_REL = 1e-7, 1e-6  # the proven gap asked for: as the conic solver's
 SHORT = 1e-9  # a guarantee may be missed by this much, relative
 PENALTY = 1e3  # rho_i = PENALTY * w_i / g_i: a guarantee's dual is far below it
 MAX_STEPS = 80
+MAX_BLOCK = 20_000_000  # tenants x tiers x tiers held at once in a step (8 bytes each)
 CG_STEPS = 50  # conjugate-gradient iterations per system at most
 STEP_BACK = 0.99  # the fraction of the longest step that keeps every variable positive
 
@@ -208,6 +210,7 @@ class _Rows:
     V: sp.csr_matrix  # (n, K) tenants' values
     need: np.ndarray  # (n,) bool, a guarantee row
     rho: np.ndarray  # (n,) its elastic slack's price
+    pairs: tuple[np.ndarray, np.ndarray]  # (k, j): every two arcs of one bid, both ways
 
 
 def solve(p: Program, *, time_limit: float) -> Solution | None:
@@ -224,6 +227,7 @@ def solve(p: Program, *, time_limit: float) -> Solution | None:
         V=sp.csr_matrix((p.value, (ki, np.arange(K))), shape=(n, K)),
         need=need,
         rho=np.where(need, PENALTY * w / np.maximum(g, 1e-300), 0.0),
+        pairs=_pairs_of_arcs(kb),
     )
     # A strictly feasible start: half of each bid spread over its arcs, scaled to half of
     # every tier; the elastic slack e covers what that start lacks of a guarantee.
@@ -245,7 +249,7 @@ def solve(p: Program, *, time_limit: float) -> Solution | None:
         if time.perf_counter() > deadline:
             return None
         u = h + rows.V @ point.x
-        products = sum(float(q @ val) for val, q in _pairs(p, rows, point))
+        products = sum(float(q @ val) for val, q in _complements(p, rows, point))
         if products < 10 * GAP_ABS:
             # Near the end: ask for the proof.
             value = float(w @ np.log(u))
@@ -259,7 +263,19 @@ def solve(p: Program, *, time_limit: float) -> Solution | None:
     return None
 
 
-def _pairs(p: Program, rows: _Rows, pt: _Point) -> list[tuple[np.ndarray, np.ndarray]]:
+def _pairs_of_arcs(kb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every ordered pair (k, j), k != j, of arcs of one bid; arcs are sorted by bid."""
+    pk, pj = [], []
+    for gap in range(1, int(np.bincount(kb).max(initial=1))):
+        same = np.flatnonzero(kb[gap:] == kb[:-gap])
+        pk += [same, same + gap]
+        pj += [same + gap, same]
+    if not pk:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(pk), np.concatenate(pj)
+
+
+def _complements(p: Program, rows: _Rows, pt: _Point) -> list[tuple[np.ndarray, np.ndarray]]:
     """(slack, dual) of every inequality: x, bid rows, tier rows, guarantee rows, e (the last
     two over the tenants with a guarantee row only)."""
     need = rows.need
@@ -293,6 +309,7 @@ def _advance(p: Program, rows: _Rows, pt: _Point, mean: float) -> _Point | None:
         ki,
         p.arc_tier,
         v,
+        rows.pairs,
         d=pt.nu / x,
         sig=pt.mu / s,
         gam=pt.pi / c,
@@ -364,7 +381,7 @@ class _System:
     arcs' values), tiers A. ``solve`` by blocks, then conjugate gradients on the exact matrix
     with that solve as the preconditioner."""
 
-    def __init__(self, B, V, A, kb, ki, kt, v, *, d, sig, gam, omega):
+    def __init__(self, B, V, A, kb, ki, kt, v, pairs, *, d, sig, gam, omega):
         self.B, self.V, self.A, self.kb, self.ki = B, V, A, kb, ki
         self.d, self.sig, self.gam, self.omega = d, sig, gam, omega
         nb, K = B.shape
@@ -382,17 +399,45 @@ class _System:
         self.denom = self.inv_sig[kb] + self.dinv + self.others
         self.qv = self._per_bid(v[:, None])[:, 0]
         self.t_den = 1.0 + omega * (V @ self.qv)
-        # The tier columns: a bid's arcs are on distinct tiers, so an arc's "other arcs" on
-        # tier t are the bid's arcs on t, none on its own tier.
-        rows = np.arange(K)
-        W = np.bincount(kb * T + kt, weights=self.dinv, minlength=nb * T).reshape(nb, T)
-        R = W[kb]
-        R[rows, kt] = 0.0
-        QA = -self.dinv[:, None] * R
-        QA[rows, kt] += self.dinv * (self.inv_sig[kb] + self.others)
-        QA /= self.denom[:, None]
-        self.Z = QA - self.qv[:, None] * ((omega / self.t_den)[:, None] * (V @ QA))[ki]
-        self.S = np.diag(1.0 / gam) + A @ self.Z
+        # The tier columns Z = P^-1 A' (P: all but the tier terms), never as K x T arrays.
+        # A bid's arcs are on distinct tiers, and denom is the same for all its arcs, so row
+        # k of Q^-1 A' (Q: the bid terms) is own_k on k's own tier and -a_k dinv_j on the
+        # tier of each other arc j of its bid (a_k = dinv_k / denom). What these rows are
+        # multiplied by is summed as differences over the pairs (k, j) of one bid: a total
+        # less a part would lose every digit once a bid fills (see above).
+        pk, pj = pairs
+        n = omega.size
+        self.kt, self.pk, self.pj, self.T = kt, pk, pj, T
+        self.a = self.dinv / self.denom
+        own = self.dinv * (self.inv_sig[kb] + self.others) / self.denom
+        self.coef = omega / self.t_den
+        # V Q^-1 A' (n, T): arc j's row of V times its column block, v_j own_j less the
+        # others' v_k a_k dinv_j, is dinv_j / denom (v_j inv_sig + sum_k (v_j - v_k) dinv_k).
+        spread = np.bincount(pk, weights=(v[pk] - v[pj]) * self.dinv[pj], minlength=K)
+        per_arc = self.a * (v * self.inv_sig[kb] + spread)
+        self.VQA = np.bincount(ki * T + kt, weights=per_arc, minlength=n * T).reshape(n, T)
+        # S = 1/gam + A Z, summed per tenant and tier first, then over the tenants: a tenant's
+        # term nearly cancels its bids' terms when it is split between tiers (an (n, T, T)
+        # array: 640k numbers at 10k tenants and 8 tiers).
+        qv_tier = np.bincount(ki * T + kt, weights=self.qv, minlength=n * T).reshape(n, T)
+        cross = np.bincount(
+            (ki[pk] * T + kt[pk]) * T + kt[pj],
+            weights=self.a[pk] * self.dinv[pj],
+            minlength=n * T * T,
+        ).reshape(n, T, T)
+        diag = np.bincount(ki * T + kt, weights=own, minlength=n * T).reshape(n, T)
+        per_tenant = -cross - (qv_tier * self.coef[:, None])[:, :, None] * self.VQA[:, None, :]
+        per_tenant[:, np.arange(T), np.arange(T)] += diag
+        self.S = np.diag(1.0 / gam) + per_tenant.sum(axis=0)
+
+    def _z_times(self, c: np.ndarray) -> np.ndarray:
+        """Z c for a T-vector c: (Q^-1 A' c)_k = a_k (inv_sig c_k + sum_j dinv_j (c_k - c_j))
+        over the other arcs j of k's bid, c_k the price of k's tier."""
+        ck = c[self.kt]
+        pk, pj = self.pk, self.pj
+        spread = np.bincount(pk, weights=self.dinv[pj] * (ck[pk] - ck[pj]), minlength=ck.size)
+        qa = self.a * (self.inv_sig[self.kb] * ck + spread)
+        return qa - self.qv * (self.coef * (self.VQA @ c))[self.ki]
 
     def _other_sums(self, Y: np.ndarray) -> np.ndarray:
         top, B, kb = self.top[:, None], self.B, self.kb
@@ -407,7 +452,7 @@ class _System:
     def _blocks(self, r: np.ndarray) -> np.ndarray:
         q = self._per_bid(r[:, None])[:, 0]
         q -= self.qv * (self.omega / self.t_den * (self.V @ q))[self.ki]
-        return q - self.Z @ np.linalg.solve(self.S, self.A @ q)
+        return q - self._z_times(np.linalg.solve(self.S, self.A @ q))
 
     def _times(self, y: np.ndarray) -> np.ndarray:
         B, V, A = self.B, self.V, self.A

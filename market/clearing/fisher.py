@@ -96,6 +96,7 @@ def _solve_eg(
     start = time.perf_counter()
     if (
         cols.size >= STRUCTURED_ARCS
+        and buyers.size * T * T <= eg.MAX_BLOCK
         and not (arc_min[cols] > 0).any()
         and not (bid_min[bids] > 0).any()
         and (om.arc_capped[cols] < 0).all()
