@@ -30,8 +30,9 @@ a step function, and alpha U(alpha) = w_i crosses once, on a step (the bids step
 are split) or between two; the guarantee raises alpha to where U reaches g_i. So
 D(pi) = pi . C + sum_i (w_i log u_i - pi . y_i) is computed exactly (``dual_bound``), and it
 bounds the optimum from above at every pi >= 0. An answer is returned only when the
-method's allocation, which meets every row, is within GAP of D at the method's tier duals;
-otherwise ``solve`` answers None and the caller solves the conic program.
+method's allocation, which meets every row (a guarantee to SHORT), is within GAP_ABS or
+GAP_REL of D at the method's tier duals; otherwise ``solve`` answers None and the caller
+solves the conic program.
 
 Not for: share caps that bind or gang minimums, or more than MAX_BLOCK tenants x tiers^2
 (fisher does not call it then).
