@@ -408,7 +408,7 @@ class _System:
         # less a part would lose every digit once a bid fills (see above).
         pk, pj = pairs
         n = omega.size
-        self.kt, self.pk, self.pj, self.T = kt, pk, pj, T
+        self.kt, self.pk, self.pj = kt, pk, pj
         self.a = self.dinv / self.denom
         own = self.dinv * (self.inv_sig[kb] + self.others) / self.denom
         self.coef = omega / self.t_den
