@@ -41,7 +41,7 @@ Not for: share caps that bind or gang minimums, or more than MAX_BLOCK tenants x
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -52,6 +52,7 @@ PENALTY = 1e3  # rho_i = PENALTY * w_i / g_i: a guarantee's dual is far below it
 MAX_STEPS = 80
 MAX_BLOCK = 20_000_000  # tenants x tiers x tiers held at once in a step (8 bytes each)
 CG_STEPS = 50  # conjugate-gradient iterations per system at most
+SOLVE_TOL = 1e-8  # a system is solved when its residual is this small, relative to its right side
 STEP_BACK = 0.99  # the fraction of the longest step that keeps every variable positive
 
 
@@ -204,37 +205,116 @@ class _Point:
 
 @dataclass(frozen=True)
 class _Rows:
-    """The program's rows as sparse matrices over the arcs."""
+    """The program's rows over the arcs: bids B, tiers A, tenants' values V. Their products
+    with a vector of the arcs are sums by index (B y, A y) and a sparse product (V y); the
+    transposed products are gathers (B' s = s[kb])."""
 
-    B: sp.csr_matrix  # (nb, K) bids
-    A: sp.csr_matrix  # (T, K) tiers
-    V: sp.csr_matrix  # (n, K) tenants' values
+    kb: np.ndarray  # (K,) each arc's bid
+    kt: np.ndarray  # (K,) tier
+    ki: np.ndarray  # (K,) tenant
+    v: np.ndarray  # (K,) value
+    V: sp.csr_matrix  # (n, K)
+    nb: int
     need: np.ndarray  # (n,) bool, a guarantee row
     rho: np.ndarray  # (n,) its elastic slack's price
-    pairs: tuple[np.ndarray, np.ndarray]  # (k, j): every two arcs of one bid, both ways
+    groups: tuple[tuple[int, int, int], ...]  # (c, first, end): the arcs of the bids of c arcs
+    cell: np.ndarray  # (K,) tenant x T + tier
+    cross_cell: np.ndarray  # per pair (k, j) of _shifted: (k's cell) x T + j's tier
+
+    def bids(self, y: np.ndarray) -> np.ndarray:
+        """B y: the sum over each bid's arcs."""
+        return np.bincount(self.kb, weights=y, minlength=self.nb)
+
+    def tiers(self, y: np.ndarray, T: int) -> np.ndarray:
+        """A y: the sum over each tier's arcs."""
+        return np.bincount(self.kt, weights=y, minlength=T)
+
+    def values(self, y: np.ndarray) -> np.ndarray:
+        """V y: each tenant's value of y."""
+        return self.V @ y
+
+    def others(self, y: np.ndarray) -> np.ndarray:
+        """For each arc, the sum of y over the other arcs of its bid, taken directly (never as
+        the bid's total less the arc's own: as a bid fills, one arc's term can be 1e16 times
+        another's, and the subtraction loses every digit)."""
+        out = np.zeros(y.size)
+        for c, lo, hi in self.groups:
+            ys, acc = y[lo:hi].reshape(c, -1), out[lo:hi].reshape(c, -1)  # acc: a view of out
+            for j in range(1, c):  # arc i of a bid gets arc (i + j) mod c's term
+                acc[: c - j] += ys[j:]
+                acc[c - j :] += ys[:j]
+        return out
+
+    def spread(self, d: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """For each arc k, sum_j d_j (c_k - c_j) over the other arcs j of its bid (as
+        differences, for the reason above)."""
+        out = np.zeros(d.size)
+        for m, lo, hi in self.groups:
+            ds, cs, acc = (a[lo:hi].reshape(m, -1) for a in (d, c, out))
+            for j in range(1, m):
+                acc[: m - j] += ds[j:] * (cs[: m - j] - cs[j:])
+                acc[m - j :] += ds[:j] * (cs[m - j :] - cs[:j])
+        return out
+
+
+def _by_arc_count(p: Program) -> tuple[np.ndarray, tuple[tuple[int, int, int], ...]]:
+    """An order of the arcs in which the bids with c arcs come together, and the groups
+    (c, first, end). Within a group, the first arc of every bid, in the order of the bids,
+    then every bid's second arc, and so on: the group reshapes to (c, bids), and what one
+    arc of a bid does with another is a sum over whole rows."""
+    kb = p.arc_bid
+    per_bid = np.bincount(kb, minlength=p.bid_room.size)
+    count = per_bid[kb]
+    position = np.arange(kb.size) - (np.cumsum(per_bid) - per_bid)[kb]  # arcs sorted by bid
+    order = np.lexsort((kb, position, count))
+    count = count[order]
+    edges = np.flatnonzero(np.diff(count)) + 1
+    firsts, ends = np.r_[0, edges], np.r_[edges, count.size]
+    groups = tuple(
+        (int(count[lo]), int(lo), int(hi)) for lo, hi in zip(firsts, ends, strict=True) if hi > lo
+    )
+    return order, groups
 
 
 def solve(p: Program, *, time_limit: float) -> Solution | None:
     """The optimum within the proven gap, or None (no proof within MAX_STEPS or
     ``time_limit`` seconds: the caller solves the conic program)."""
-    deadline = time.perf_counter() + time_limit
+    order, groups = _by_arc_count(p)
+    arcs = {"arc_bid": p.arc_bid[order], "arc_tier": p.arc_tier[order], "value": p.value[order]}
+    found = _path(replace(p, **arcs), groups, p, deadline=time.perf_counter() + time_limit)
+    if found is None:
+        return None
+    x = np.empty(order.size)
+    x[order] = found.x
+    return replace(found, x=x)
+
+
+def _path(p: Program, groups, proof: Program, *, deadline: float) -> Solution | None:
+    """The method on ``p``, its arcs in the order of ``groups``; ``proof``, the same program
+    with its arcs sorted by bid, for the dual function."""
     K, nb, n, T = p.arc_bid.size, p.bid_room.size, p.weight.size, p.capacity.size
     kb, kt, ki = p.arc_bid, p.arc_tier, p.bid_buyer[p.arc_bid]
     w, h, g = p.weight, p.held, p.floor
     need = g > 0
+    pk, pj = _pair_arcs(groups, K)
     rows = _Rows(
-        B=sp.csr_matrix((np.ones(K), (kb, np.arange(K))), shape=(nb, K)),
-        A=sp.csr_matrix((np.ones(K), (kt, np.arange(K))), shape=(T, K)),
+        kb=kb,
+        kt=kt,
+        ki=ki,
+        v=p.value,
         V=sp.csr_matrix((p.value, (ki, np.arange(K))), shape=(n, K)),
+        nb=nb,
         need=need,
         rho=np.where(need, PENALTY * w / np.maximum(g, 1e-300), 0.0),
-        pairs=_pairs_of_arcs(kb),
+        groups=groups,
+        cell=ki * T + kt,
+        cross_cell=(ki * T + kt)[pk] * T + kt[pj],
     )
     # A strictly feasible start: half of each bid spread over its arcs, scaled to half of
     # every tier; the elastic slack e covers what that start lacks of a guarantee.
     x = p.bid_room[kb] / (2.0 * np.bincount(kb, minlength=nb)[kb])
-    x *= min(1.0, float(np.min(0.5 * p.capacity / np.maximum(rows.A @ x, 1e-300))))
-    u = h + rows.V @ x
+    x *= min(1.0, float(np.min(0.5 * p.capacity / np.maximum(rows.tiers(x, T), 1e-300))))
+    u = h + rows.values(x)
     e = np.where(need, np.maximum(g - u, 0) + 0.1 * np.maximum(g, 1e-6), 1.0)
     m = K + nb + T + 2 * int(need.sum())
     # Duals that meet stationarity at the start: small tier prices and guarantee duals, each
@@ -249,13 +329,13 @@ def solve(p: Program, *, time_limit: float) -> Solution | None:
     for step in range(MAX_STEPS):
         if time.perf_counter() > deadline:
             return None
-        u = h + rows.V @ point.x
+        u = h + rows.values(point.x)
         products = sum(float(q @ val) for val, q in _complements(p, rows, point))
         if products < 10 * GAP_ABS:
             # Near the end: ask for the proof.
             value = float(w @ np.log(u))
             short = float(np.max(np.where(need, (g - u) / np.maximum(g, 1e-300), -1.0)))
-            gap = dual_bound(p, np.maximum(point.pi, 0.0)) - value
+            gap = dual_bound(proof, np.maximum(point.pi, 0.0)) - value
             if gap <= max(GAP_ABS, GAP_REL * abs(value)) and short <= SHORT:
                 return Solution(x=point.x, prices=point.pi, steps=step, gap=gap)
         point = _advance(p, rows, point, products / m)
@@ -264,15 +344,27 @@ def solve(p: Program, *, time_limit: float) -> Solution | None:
     return None
 
 
-def _pairs_of_arcs(kb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every ordered pair (k, j), k != j, of arcs of one bid; arcs are sorted by bid."""
-    pk, pj = [], []
-    for gap in range(1, int(np.bincount(kb).max(initial=1))):
-        same = np.flatnonzero(kb[gap:] == kb[:-gap])
-        pk += [same, same + gap]
-        pj += [same + gap, same]
-    if not pk:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+def _shifted(groups, y: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """y_k d_j over every ordered pair (k, j), k != j, of arcs of one bid, in one order:
+    group by group, for each shift s = 1 .. c - 1, k's partner the arc s places after it in
+    its bid (cyclically)."""
+    out = []
+    for c, lo, hi in groups:
+        ys, ds = y[lo:hi].reshape(c, -1), d[lo:hi].reshape(c, -1)
+        for s in range(1, c):
+            out += [(ys[: c - s] * ds[s:]).ravel(), (ys[c - s :] * ds[:s]).ravel()]
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def _pair_arcs(groups, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """(k, j) of every ordered pair of arcs of one bid, in ``_shifted``'s order."""
+    arc = np.arange(K)
+    pk, pj = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
+    for c, lo, hi in groups:
+        blk = arc[lo:hi].reshape(c, -1)
+        for s in range(1, c):
+            pk += [blk[: c - s].ravel(), blk[c - s :].ravel()]
+            pj += [blk[s:].ravel(), blk[:s].ravel()]
     return np.concatenate(pk), np.concatenate(pj)
 
 
@@ -280,11 +372,11 @@ def _complements(p: Program, rows: _Rows, pt: _Point) -> list[tuple[np.ndarray, 
     """(slack, dual) of every inequality: x, bid rows, tier rows, guarantee rows, e (the last
     two over the tenants with a guarantee row only)."""
     need = rows.need
-    u = p.held + rows.V @ pt.x
+    u = p.held + rows.values(pt.x)
     return [
         (pt.x, pt.nu),
-        (p.bid_room - rows.B @ pt.x, pt.mu),
-        (p.capacity - rows.A @ pt.x, pt.pi),
+        (p.bid_room - rows.bids(pt.x), pt.mu),
+        (p.capacity - rows.tiers(pt.x, pt.pi.size), pt.pi),
         ((u + pt.e - p.floor)[need], pt.lam[need]),
         (pt.e[need], pt.kap[need]),
     ]
@@ -292,25 +384,18 @@ def _complements(p: Program, rows: _Rows, pt: _Point) -> list[tuple[np.ndarray, 
 
 def _advance(p: Program, rows: _Rows, pt: _Point, mean: float) -> _Point | None:
     """One predictor-corrector step from ``pt``; None when no step is possible."""
-    B, A, V, need = rows.B, rows.A, rows.V, rows.need
-    w, v, ki = p.weight, p.value, p.bid_buyer[p.arc_bid]
+    need, kb, kt, ki, T = rows.need, rows.kb, rows.kt, rows.ki, p.capacity.size
+    w, v = p.weight, p.value
     x, e = pt.x, pt.e
-    u = p.held + V @ x
-    s, c = p.bid_room - B @ x, p.capacity - A @ x
+    u = p.held + rows.values(x)
+    s, c = p.bid_room - rows.bids(x), p.capacity - rows.tiers(x, T)
     z = np.where(need, u + e - p.floor, 1.0)
-    r_x = -V.T @ (w / u) - pt.nu + B.T @ pt.mu + A.T @ pt.pi - V.T @ pt.lam  # stationarity
+    r_x = pt.mu[kb] + pt.pi[kt] - v * (w / u + pt.lam)[ki] - pt.nu  # stationarity
     r_e = np.where(need, rows.rho - pt.kap - pt.lam, 0.0)
     lz = np.where(need, pt.lam / z, 0.0)
     hee = np.where(need, pt.kap / e + lz, 1.0)
     system = _System(
-        B,
-        V,
-        A,
-        p.arc_bid,
-        ki,
-        p.arc_tier,
-        v,
-        rows.pairs,
+        rows,
         d=pt.nu / x,
         sig=pt.mu / s,
         gam=pt.pi / c,
@@ -324,23 +409,24 @@ def _advance(p: Program, rows: _Rows, pt: _Point, mean: float) -> _Point | None:
         tx, ts, tc, tz_, te_ = targets
         tz, te = np.zeros(z.size), np.zeros(z.size)
         tz[need], te[need] = tz_, te_
-        rhs_x = -r_x + tx / x - B.T @ (ts / s) - A.T @ (tc / c) + V.T @ np.where(need, tz / z, 0)
+        rhs_x = -r_x + tx / x - (ts / s)[kb] - (tc / c)[kt] + v * np.where(need, tz / z, 0)[ki]
         rhs_e = np.where(need, -r_e + te / e + tz / z, 0.0)
         dx = system.solve(rhs_x - v * (lz / hee * rhs_e)[ki])
-        de = np.where(need, (rhs_e - lz * (V @ dx)) / hee, 0.0)
-        d_slack = (dx, -(B @ dx), -(A @ dx), (V @ dx + de)[need], de[need])
+        vdx = rows.values(dx)
+        de = np.where(need, (rhs_e - lz * vdx) / hee, 0.0)
+        d_slack = (dx, -rows.bids(dx), -rows.tiers(dx, T), (vdx + de)[need], de[need])
         d_dual = tuple(
             (t - q * ds) / sl for t, q, ds, sl in zip(targets, duals, d_slack, slacks, strict=True)
         )
         return d_slack, d_dual
 
     def longest(d_slack, d_dual) -> float:
-        a = 1.0
-        for current, change in zip(slacks + duals, d_slack + d_dual, strict=True):
-            down = change < 0
-            if down.any():
-                a = min(a, float(np.min(-current[down] / change[down])))
-        return a
+        # Every variable is positive: the longest step is 1 / the largest -change / current.
+        fall = max(
+            float(np.max(-change / current, initial=0.0))
+            for current, change in zip(slacks + duals, d_slack + d_dual, strict=True)
+        )
+        return 1.0 if fall <= 1.0 else 1.0 / fall
 
     # Predictor: every product to 0. Corrector: to sigma times the mean, with the
     # predictor's second-order terms (Mehrotra).
@@ -382,51 +468,39 @@ class _System:
     arcs' values), tiers A. ``solve`` by blocks, then conjugate gradients on the exact matrix
     with that solve as the preconditioner."""
 
-    def __init__(self, B, V, A, kb, ki, kt, v, pairs, *, d, sig, gam, omega):
-        self.B, self.V, self.A, self.kb, self.ki = B, V, A, kb, ki
-        self.d, self.sig, self.gam, self.omega = d, sig, gam, omega
-        nb, K = B.shape
-        T = gam.size
+    def __init__(self, rows: _Rows, *, d, sig, gam, omega):
+        self.rows, self.d, self.sig, self.gam, self.omega = rows, d, sig, gam, omega
+        kb, v = rows.kb, rows.v
+        n, T = omega.size, gam.size
         self.dinv, self.inv_sig = 1.0 / d, 1.0 / sig
-        # Per bid, for each arc: the sum over the bid's other arcs, taken over all but the
-        # bid's largest for that arc, and as the total less the arc's own for the others
-        # (no digit lost: the total is at least twice what is left).
-        most = np.zeros(nb)
-        np.maximum.at(most, kb, self.dinv)
-        at_most = np.flatnonzero(self.dinv == most[kb])
-        self.top = np.zeros(K, dtype=bool)
-        self.top[at_most[np.unique(kb[at_most], return_index=True)[1]]] = True
-        self.others = self._other_sums(self.dinv[:, None])[:, 0]
+        # Per bid: each arc's sum over the bid's other arcs.
+        self.others = rows.others(self.dinv)
         self.denom = self.inv_sig[kb] + self.dinv + self.others
-        self.qv = self._per_bid(v[:, None])[:, 0]
-        self.t_den = 1.0 + omega * (V @ self.qv)
+        self.qv = self._per_bid(v)
+        self.t_den = 1.0 + omega * rows.values(self.qv)
         # The tier columns Z = P^-1 A' (P: all but the tier terms), never as K x T arrays.
         # A bid's arcs are on distinct tiers, and denom is the same for all its arcs, so row
         # k of Q^-1 A' (Q: the bid terms) is own_k on k's own tier and -a_k dinv_j on the
         # tier of each other arc j of its bid (a_k = dinv_k / denom). What these rows are
         # multiplied by is summed as differences over the pairs (k, j) of one bid: a total
         # less a part would lose every digit once a bid fills (see above).
-        pk, pj = pairs
-        n = omega.size
-        self.kt, self.pk, self.pj = kt, pk, pj
         self.a = self.dinv / self.denom
         own = self.dinv * (self.inv_sig[kb] + self.others) / self.denom
         self.coef = omega / self.t_den
         # V Q^-1 A' (n, T): arc j's row of V times its column block, v_j own_j less the
         # others' v_k a_k dinv_j, is dinv_j / denom (v_j inv_sig + sum_k (v_j - v_k) dinv_k).
-        spread = np.bincount(pk, weights=(v[pk] - v[pj]) * self.dinv[pj], minlength=K)
+        spread = rows.spread(self.dinv, v)
         per_arc = self.a * (v * self.inv_sig[kb] + spread)
-        self.VQA = np.bincount(ki * T + kt, weights=per_arc, minlength=n * T).reshape(n, T)
+        cell = rows.cell
+        self.VQA = np.bincount(cell, weights=per_arc, minlength=n * T).reshape(n, T)
         # S = 1/gam + A Z, summed per tenant and tier first, then over the tenants: a tenant's
         # term nearly cancels its bids' terms when it is split between tiers (an (n, T, T)
         # array: 640k numbers at 10k tenants and 8 tiers).
-        qv_tier = np.bincount(ki * T + kt, weights=self.qv, minlength=n * T).reshape(n, T)
+        qv_tier = np.bincount(cell, weights=self.qv, minlength=n * T).reshape(n, T)
         cross = np.bincount(
-            (ki[pk] * T + kt[pk]) * T + kt[pj],
-            weights=self.a[pk] * self.dinv[pj],
-            minlength=n * T * T,
+            rows.cross_cell, weights=_shifted(rows.groups, self.a, self.dinv), minlength=n * T * T
         ).reshape(n, T, T)
-        diag = np.bincount(ki * T + kt, weights=own, minlength=n * T).reshape(n, T)
+        diag = np.bincount(cell, weights=own, minlength=n * T).reshape(n, T)
         per_tenant = -cross - (qv_tier * self.coef[:, None])[:, :, None] * self.VQA[:, None, :]
         per_tenant[:, np.arange(T), np.arange(T)] += diag
         self.S = np.diag(1.0 / gam) + per_tenant.sum(axis=0)
@@ -434,41 +508,36 @@ class _System:
     def _z_times(self, c: np.ndarray) -> np.ndarray:
         """Z c for a T-vector c: (Q^-1 A' c)_k = a_k (inv_sig c_k + sum_j dinv_j (c_k - c_j))
         over the other arcs j of k's bid, c_k the price of k's tier."""
-        ck = c[self.kt]
-        pk, pj = self.pk, self.pj
-        spread = np.bincount(pk, weights=self.dinv[pj] * (ck[pk] - ck[pj]), minlength=ck.size)
-        qa = self.a * (self.inv_sig[self.kb] * ck + spread)
-        return qa - self.qv * (self.coef * (self.VQA @ c))[self.ki]
+        rows = self.rows
+        ck = c[rows.kt]
+        qa = self.a * (self.inv_sig[rows.kb] * ck + rows.spread(self.dinv, ck))
+        return qa - self.qv * (self.coef * (self.VQA @ c))[rows.ki]
 
-    def _other_sums(self, Y: np.ndarray) -> np.ndarray:
-        top, B, kb = self.top[:, None], self.B, self.kb
-        return np.where(top, (B @ np.where(top, 0.0, Y))[kb], (B @ Y)[kb] - Y)
-
-    def _per_bid(self, Y: np.ndarray) -> np.ndarray:
-        DY = self.dinv[:, None] * Y
-        rest = self._other_sums(DY)
-        num = Y * (self.inv_sig[self.kb] + self.others)[:, None] - rest
-        return self.dinv[:, None] * num / self.denom[:, None]
+    def _per_bid(self, y: np.ndarray) -> np.ndarray:
+        """Q^-1 y, Q = diag(d) + B' diag(sig) B, bid by bid."""
+        num = y * (self.inv_sig[self.rows.kb] + self.others) - self.rows.others(self.dinv * y)
+        return self.dinv * num / self.denom
 
     def _blocks(self, r: np.ndarray) -> np.ndarray:
-        q = self._per_bid(r[:, None])[:, 0]
-        q -= self.qv * (self.omega / self.t_den * (self.V @ q))[self.ki]
-        return q - self._z_times(np.linalg.solve(self.S, self.A @ q))
+        rows = self.rows
+        q = self._per_bid(r)
+        q -= self.qv * (self.coef * rows.values(q))[rows.ki]
+        return q - self._z_times(np.linalg.solve(self.S, rows.tiers(q, self.gam.size)))
 
     def _times(self, y: np.ndarray) -> np.ndarray:
-        B, V, A = self.B, self.V, self.A
+        rows = self.rows
         return (
             self.d * y
-            + B.T @ (self.sig * (B @ y))
-            + V.T @ (self.omega * (V @ y))
-            + A.T @ (self.gam * (A @ y))
+            + (self.sig * rows.bids(y))[rows.kb]
+            + rows.v * (self.omega * rows.values(y))[rows.ki]
+            + (self.gam * rows.tiers(y, self.gam.size))[rows.kt]
         )
 
     def solve(self, rhs: np.ndarray) -> np.ndarray:
         x = self._blocks(rhs)
         r = rhs - self._times(x)
         size = float(np.linalg.norm(rhs))
-        if np.linalg.norm(r) <= 1e-10 * size:
+        if np.linalg.norm(r) <= SOLVE_TOL * size:
             return x
         z = self._blocks(r)
         p, rz = z.copy(), float(r @ z)
@@ -476,7 +545,7 @@ class _System:
             hp = self._times(p)
             step = rz / float(p @ hp)
             x, r = x + step * p, r - step * hp
-            if np.linalg.norm(r) <= 1e-10 * size:
+            if np.linalg.norm(r) <= SOLVE_TOL * size:
                 break
             z = self._blocks(r)
             rz, rz_old = float(r @ z), rz
