@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
@@ -29,11 +30,25 @@ import numpy as np
 import scipy.sparse as sp
 from ortools.graph.python import min_cost_flow
 
-from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear, clear_arrays, eg, highs
-from market.clearing.columns import arrays_from_json, arrays_to_json
-from market.clearing.inputs import instance_arrays
-from market.clearing.partition import clear_part, clear_partitioned
-from market.clearing.rules import build_market, open_market
+# The checkout this script is in, ahead of the installed one: run from another worktree (the
+# code before a change, say), it measures that worktree's code, not the editable install's.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from market.clearing import (  # noqa: E402
+    Bid,
+    Instance,
+    SolverError,
+    Tenant,
+    Tier,
+    clear,
+    clear_arrays,
+    eg,
+    highs,
+)
+from market.clearing.columns import arrays_from_json, arrays_to_json  # noqa: E402
+from market.clearing.inputs import instance_arrays  # noqa: E402
+from market.clearing.partition import clear_part, clear_partitioned  # noqa: E402
+from market.clearing.rules import build_market, open_market  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gavel"
 GPU_TYPES = ("k80", "p100", "v100")
