@@ -53,6 +53,10 @@ MAX_STEPS = 80
 MAX_BLOCK = 20_000_000  # tenants x tiers x tiers held at once in a step (8 bytes each)
 CG_STEPS = 50  # conjugate-gradient iterations per system at most
 SOLVE_TOL = 1e-8  # a system is solved when its residual is this small, relative to its right side
+# The same for ``interior``: its point only starts a crossover, and the linear program's
+# systems take several conjugate-gradient steps more to 1e-8 (5 a system, against 2).
+INTERIOR_SOLVE_TOL = 1e-5
+SUPPORT_GAP = 1e-6  # ``interior`` stops at this complementarity, relative to the objective
 STEP_BACK = 0.99  # the fraction of the longest step that keeps every variable positive
 
 
@@ -70,10 +74,20 @@ class Program:
     held: np.ndarray  # (n,) value already held (reserved quotas)
     floor: np.ndarray  # (n,) guaranteed value, 0 where nothing is left to guarantee
     capacity: np.ndarray  # (T,) GPUs
+    # True: the linear objective sum_i w_i u_i instead (maxmin's stage 2, for ``support``).
+    linear: bool = False
 
     @property
     def starts(self) -> np.ndarray:
         return np.searchsorted(self.arc_bid, np.arange(self.bid_room.size))
+
+    def gradient(self, u: np.ndarray) -> np.ndarray:
+        """d objective / d u_i."""
+        return self.weight if self.linear else self.weight / u
+
+    def curvature(self, u: np.ndarray) -> np.ndarray:
+        """-d2 objective / d u_i^2."""
+        return np.zeros(u.size) if self.linear else self.weight / u**2
 
 
 def _envelope_steps(p: Program, pi: np.ndarray, starts: np.ndarray):
@@ -190,9 +204,10 @@ class Solution:
 
 
 @dataclass
-class _Point:
-    """Primal x, e (elastic guarantee slack) and the duals of x >= 0 (nu), the bid rows (mu),
-    the tier rows (pi), the guarantee rows (lam) and e >= 0 (kap)."""
+class Point:
+    """An interior point: primal x (K,) and e (n,, the elastic guarantee slack), and the
+    duals of x >= 0 (nu, K), the bid rows (mu, nb), the tier rows (pi, T), the guarantee
+    rows (lam, n) and e >= 0 (kap, n), in the objective's units."""
 
     x: np.ndarray
     e: np.ndarray
@@ -279,19 +294,45 @@ def _by_arc_count(p: Program) -> tuple[np.ndarray, tuple[tuple[int, int, int], .
 def solve(p: Program, *, time_limit: float) -> Solution | None:
     """The optimum within the proven gap, or None (no proof within MAX_STEPS or
     ``time_limit`` seconds: the caller solves the conic program)."""
-    order, groups = _by_arc_count(p)
-    arcs = {"arc_bid": p.arc_bid[order], "arc_tier": p.arc_tier[order], "value": p.value[order]}
-    found = _path(replace(p, **arcs), groups, p, deadline=time.perf_counter() + time_limit)
+    found = _ordered(p, p, time_limit)
     if found is None:
         return None
-    x = np.empty(order.size)
-    x[order] = found.x
-    return replace(found, x=x)
+    point, steps, gap = found
+    return Solution(x=point.x, prices=point.pi, steps=steps, gap=gap)
 
 
-def _path(p: Program, groups, proof: Program, *, deadline: float) -> Solution | None:
+def interior(p: Program, *, time_limit: float) -> Point | None:
+    """A linear program's (``Program.linear``) primal-dual point once its complementarity
+    is SUPPORT_GAP of the objective, unproven; None when the method stops short. From it a
+    crossover finds an optimal vertex in a few simplex steps (maxmin.py, highs.solve)."""
+    if not p.linear:
+        raise ValueError("interior is for a linear objective (Program.linear)")
+    found = _ordered(p, None, time_limit)
+    return None if found is None else found[0]
+
+
+def _ordered(
+    p: Program, proof: Program | None, time_limit: float
+) -> tuple[Point, int, float] | None:
+    """The method on p's arcs put in ``_by_arc_count``'s order, its arcs' values back in p's."""
+    order, groups = _by_arc_count(p)
+    arcs = {"arc_bid": p.arc_bid[order], "arc_tier": p.arc_tier[order], "value": p.value[order]}
+    found = _path(replace(p, **arcs), groups, proof, deadline=time.perf_counter() + time_limit)
+    if found is None:
+        return None
+    point, steps, gap = found
+    x, nu = np.empty(order.size), np.empty(order.size)
+    x[order], nu[order] = point.x, point.nu
+    return replace(point, x=x, nu=nu), steps, gap
+
+
+def _path(
+    p: Program, groups, proof: Program | None, *, deadline: float
+) -> tuple[Point, int, float] | None:
     """The method on ``p``, its arcs in the order of ``groups``; ``proof``, the same program
-    with its arcs sorted by bid, for the dual function."""
+    with its arcs sorted by bid, for the dual function (None: no proof, the point where the
+    complementarity is SUPPORT_GAP of the objective). The point, its steps and its proven gap
+    (inf without a proof)."""
     K, nb, n, T = p.arc_bid.size, p.bid_room.size, p.weight.size, p.capacity.size
     kb, kt, ki = p.arc_bid, p.arc_tier, p.bid_buyer[p.arc_bid]
     w, h, g = p.weight, p.held, p.floor
@@ -320,24 +361,27 @@ def _path(p: Program, groups, proof: Program, *, deadline: float) -> Solution | 
     # Duals that meet stationarity at the start: small tier prices and guarantee duals, each
     # bid's dual a little above its best arc's marginal value, each arc's the difference.
     lam = np.where(need, 1.0 / (m * (u + e - g)), 0.0)
-    marg = (w / u + lam)[ki] * p.value
+    marg = (p.gradient(u) + lam)[ki] * p.value
     pi = np.full(T, 0.1 * float(marg.mean()))
     mu = np.zeros(nb)
     np.maximum.at(mu, kb, marg)
     mu = mu * 1.01 + 1e-300
-    point = _Point(x=x, e=e, nu=mu[kb] + pi[kt] - marg, mu=mu, pi=pi, lam=lam, kap=rows.rho - lam)
+    point = Point(x=x, e=e, nu=mu[kb] + pi[kt] - marg, mu=mu, pi=pi, lam=lam, kap=rows.rho - lam)
     for step in range(MAX_STEPS):
         if time.perf_counter() > deadline:
             return None
         u = h + rows.values(point.x)
         products = sum(float(q @ val) for val, q in _complements(p, rows, point))
-        if products < 10 * GAP_ABS:
+        if proof is None:
+            if products <= SUPPORT_GAP * max(1.0, abs(float(w @ u))):
+                return point, step, np.inf
+        elif products < 10 * GAP_ABS:
             # Near the end: ask for the proof.
             value = float(w @ np.log(u))
             short = float(np.max(np.where(need, (g - u) / np.maximum(g, 1e-300), -1.0)))
             gap = dual_bound(proof, np.maximum(point.pi, 0.0)) - value
             if gap <= max(GAP_ABS, GAP_REL * abs(value)) and short <= SHORT:
-                return Solution(x=point.x, prices=point.pi, steps=step, gap=gap)
+                return point, step, gap
         point = _advance(p, rows, point, products / m)
         if point is None:
             return None
@@ -368,7 +412,7 @@ def _pair_arcs(groups, K: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(pk), np.concatenate(pj)
 
 
-def _complements(p: Program, rows: _Rows, pt: _Point) -> list[tuple[np.ndarray, np.ndarray]]:
+def _complements(p: Program, rows: _Rows, pt: Point) -> list[tuple[np.ndarray, np.ndarray]]:
     """(slack, dual) of every inequality: x, bid rows, tier rows, guarantee rows, e (the last
     two over the tenants with a guarantee row only)."""
     need = rows.need
@@ -382,24 +426,25 @@ def _complements(p: Program, rows: _Rows, pt: _Point) -> list[tuple[np.ndarray, 
     ]
 
 
-def _advance(p: Program, rows: _Rows, pt: _Point, mean: float) -> _Point | None:
+def _advance(p: Program, rows: _Rows, pt: Point, mean: float) -> Point | None:
     """One predictor-corrector step from ``pt``; None when no step is possible."""
     need, kb, kt, ki, T = rows.need, rows.kb, rows.kt, rows.ki, p.capacity.size
-    w, v = p.weight, p.value
+    v = p.value
     x, e = pt.x, pt.e
     u = p.held + rows.values(x)
     s, c = p.bid_room - rows.bids(x), p.capacity - rows.tiers(x, T)
     z = np.where(need, u + e - p.floor, 1.0)
-    r_x = pt.mu[kb] + pt.pi[kt] - v * (w / u + pt.lam)[ki] - pt.nu  # stationarity
+    r_x = pt.mu[kb] + pt.pi[kt] - v * (p.gradient(u) + pt.lam)[ki] - pt.nu  # stationarity
     r_e = np.where(need, rows.rho - pt.kap - pt.lam, 0.0)
     lz = np.where(need, pt.lam / z, 0.0)
     hee = np.where(need, pt.kap / e + lz, 1.0)
     system = _System(
         rows,
+        tol=INTERIOR_SOLVE_TOL if p.linear else SOLVE_TOL,
         d=pt.nu / x,
         sig=pt.mu / s,
         gam=pt.pi / c,
-        omega=w / u**2 + lz - lz**2 / hee,
+        omega=p.curvature(u) + lz - lz**2 / hee,
     )
     slacks = (x, s, c, z[need], e[need])
     duals = (pt.nu, pt.mu, pt.pi, pt.lam[need], pt.kap[need])
@@ -420,20 +465,25 @@ def _advance(p: Program, rows: _Rows, pt: _Point, mean: float) -> _Point | None:
         )
         return d_slack, d_dual
 
-    def longest(d_slack, d_dual) -> float:
+    def longest(current, change) -> float:
         # Every variable is positive: the longest step is 1 / the largest -change / current.
         fall = max(
-            float(np.max(-change / current, initial=0.0))
-            for current, change in zip(slacks + duals, d_slack + d_dual, strict=True)
+            float(np.max(-dv / cv, initial=0.0)) for cv, dv in zip(current, change, strict=True)
         )
         return 1.0 if fall <= 1.0 else 1.0 / fall
+
+    def steps(d_slack, d_dual) -> tuple[float, float]:
+        """The longest steps of the primal and of the dual variables: one for both when the
+        objective is curved (its gradient moves with x), each its own for a linear one."""
+        a_p, a_d = longest(slacks, d_slack), longest(duals, d_dual)
+        return (a_p, a_d) if p.linear else (min(a_p, a_d),) * 2
 
     # Predictor: every product to 0. Corrector: to sigma times the mean, with the
     # predictor's second-order terms (Mehrotra).
     d_slack, d_dual = direction([-sl * q for sl, q in zip(slacks, duals, strict=True)])
-    a = longest(d_slack, d_dual)
+    a_p, a_d = steps(d_slack, d_dual)
     after = sum(
-        float((sl + a * ds) @ (q + a * dq))
+        float((sl + a_p * ds) @ (q + a_d * dq))
         for sl, q, ds, dq in zip(slacks, duals, d_slack, d_dual, strict=True)
     )
     m = sum(sl.size for sl in slacks)
@@ -444,20 +494,20 @@ def _advance(p: Program, rows: _Rows, pt: _Point, mean: float) -> _Point | None:
             for sl, q, ds, dq in zip(slacks, duals, d_slack, d_dual, strict=True)
         ]
     )
-    a = min(1.0, STEP_BACK * longest(d_slack, d_dual))
-    if a < 1e-8:
+    a_p, a_d = (min(1.0, STEP_BACK * a) for a in steps(d_slack, d_dual))
+    if min(a_p, a_d) < 1e-8:
         return None
     de = np.zeros(z.size)
     de[need] = d_slack[4]
     lam, kap = pt.lam.copy(), pt.kap.copy()
-    lam[need] += a * d_dual[3]
-    kap[need] += a * d_dual[4]
-    return _Point(
-        x=x + a * d_slack[0],
-        e=e + a * de,
-        nu=pt.nu + a * d_dual[0],
-        mu=pt.mu + a * d_dual[1],
-        pi=pt.pi + a * d_dual[2],
+    lam[need] += a_d * d_dual[3]
+    kap[need] += a_d * d_dual[4]
+    return Point(
+        x=x + a_p * d_slack[0],
+        e=e + a_p * de,
+        nu=pt.nu + a_d * d_dual[0],
+        mu=pt.mu + a_d * d_dual[1],
+        pi=pt.pi + a_d * d_dual[2],
         lam=lam,
         kap=kap,
     )
@@ -468,8 +518,8 @@ class _System:
     arcs' values), tiers A. ``solve`` by blocks, then conjugate gradients on the exact matrix
     with that solve as the preconditioner."""
 
-    def __init__(self, rows: _Rows, *, d, sig, gam, omega):
-        self.rows, self.d, self.sig, self.gam, self.omega = rows, d, sig, gam, omega
+    def __init__(self, rows: _Rows, *, tol: float, d, sig, gam, omega):
+        self.rows, self.tol, self.d, self.sig, self.gam, self.omega = rows, tol, d, sig, gam, omega
         kb, v = rows.kb, rows.v
         n, T = omega.size, gam.size
         self.dinv, self.inv_sig = 1.0 / d, 1.0 / sig
@@ -537,7 +587,7 @@ class _System:
         x = self._blocks(rhs)
         r = rhs - self._times(x)
         size = float(np.linalg.norm(rhs))
-        if np.linalg.norm(r) <= SOLVE_TOL * size:
+        if np.linalg.norm(r) <= self.tol * size:
             return x
         z = self._blocks(r)
         p, rz = z.copy(), float(r @ z)
@@ -545,7 +595,7 @@ class _System:
             hp = self._times(p)
             step = rz / float(p @ hp)
             x, r = x + step * p, r - step * hp
-            if np.linalg.norm(r) <= SOLVE_TOL * size:
+            if np.linalg.norm(r) <= self.tol * size:
                 break
             z = self._blocks(r)
             rz, rz_old = float(r @ z), rz

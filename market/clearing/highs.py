@@ -53,6 +53,7 @@ def solve(
     integer: np.ndarray | None = None,
     time_limit: float = 10.0,
     what: str = "clearing problem",
+    start: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> LpSolution:
     """Maximise cost @ x subject to row_lo <= matrix @ x <= row_hi, col_lo <= x <= col_hi.
 
@@ -61,6 +62,13 @@ def solve(
     rounding. Past a few thousand rows the interior point method is used, because these
     problems are very degenerate and the simplex method stalls on them (seconds instead of
     tenths of a second at 10k rows).
+
+    ``start`` (plain LPs): (column values, row duals) of a point near the optimum, such as
+    an interior point of the same LP (eg.interior), duals in this function's sign (a
+    binding upper row of a maximisation has a non-negative dual). Crossover from that point
+    finds a basis and the simplex method ends from it, usually in a few hundred steps; the
+    answer is then an optimal vertex as without a start. When that does not end optimal, the
+    LP is solved again as without a start.
     """
     A = sp.csc_matrix(matrix)
     if A.shape[1] == 0:  # nothing to decide: feasible exactly when every row admits 0
@@ -85,16 +93,21 @@ def solve(
             highspy.HighsVarType.kInteger if flag else highspy.HighsVarType.kContinuous
             for flag in integer
         ]
+    deadline = time.perf_counter() + float(time_limit)
+    if start is not None and not mip:
+        found = _from_start(lp, A, start, time_limit=float(time_limit))
+        if found is not None:
+            return found
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("time_limit", max(0.0, deadline - time.perf_counter()))
     if not mip:
         h.setOptionValue("solver", "ipm" if A.shape[0] > IPM_ROWS else "simplex")
         h.setOptionValue("run_crossover", "on")
     h.passModel(lp)
-    start = time.perf_counter()
+    began = time.perf_counter()
     h.run()
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - began
     model_status = h.getModelStatus()
     has_solution = h.getInfo().primal_solution_status == 2  # 2 = feasible point held
     if model_status == highspy.HighsModelStatus.kOptimal:
@@ -115,3 +128,43 @@ def solve(
     sol = h.getSolution()
     row_dual = np.array(sol.row_dual) if sol.dual_valid else np.zeros(A.shape[0])
     return LpSolution(np.array(sol.col_value), row_dual, status, seconds)
+
+
+def _from_start(
+    lp: highspy.HighsLp,
+    A: sp.csc_matrix,
+    start: tuple[np.ndarray, np.ndarray],
+    *,
+    time_limit: float,
+) -> LpSolution | None:
+    """The LP's optimal vertex by crossover from ``start`` and the simplex method from the
+    basis it gives (see ``solve``), or None when that does not end optimal."""
+    began = time.perf_counter()
+    x = np.clip(np.asarray(start[0], dtype=float), lp.col_lower_, lp.col_upper_)
+    y = np.asarray(start[1], dtype=float)
+    # Crossover on its own does not start HiGHS's task scheduler, which every run starts, and
+    # without it crossover crashed the process: a run of a one-column LP starts it.
+    tiny = highspy.Highs()
+    tiny.setOptionValue("output_flag", False)
+    tiny.addVar(0.0, 1.0)
+    tiny.run()
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", time_limit)
+    h.passModel(lp)
+    point = highspy.HighsSolution()
+    point.col_value, point.row_value = list(x), list(A @ x)
+    point.col_dual, point.row_dual = list(np.asarray(lp.col_cost_) - A.T @ y), list(y)
+    point.value_valid = point.dual_valid = True
+    # Crossover ends with a basis even when it reports no optimum; the simplex goes on from it.
+    h.crossover(point)
+    if not h.getBasis().valid:
+        return None
+    h.setOptionValue("solver", "simplex")
+    h.setOptionValue("time_limit", max(0.0, time_limit - (time.perf_counter() - began)))
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    sol = h.getSolution()
+    seconds = time.perf_counter() - began
+    return LpSolution(np.array(sol.col_value), np.array(sol.row_dual), "optimal", seconds)

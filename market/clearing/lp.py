@@ -16,7 +16,7 @@ capacity row of a maximisation has a non-negative dual.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +42,15 @@ def incidence(rows: np.ndarray, n_rows: int, weights: np.ndarray | None = None) 
     return sp.csr_matrix(
         (data[keep], (rows[keep], np.flatnonzero(keep))), shape=(n_rows, rows.size)
     )
+
+
+@dataclass(frozen=True)
+class Start:
+    """A point to begin from: values per variable block and duals per constraint block (the
+    sign of ``Solution.dual``); what it leaves out is taken at a lower bound or 0."""
+
+    values: Mapping[str, np.ndarray]
+    duals: Mapping[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -131,10 +140,32 @@ class Program:
             )
         return out
 
+    def _start(self, start: Start, n_rows: int, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(column values, row duals) of ``start``: a block it leaves out at its lower bound
+        (or 0), a constraint block's duals at 0."""
+        x = np.concatenate(self._lo) if self._lo else np.zeros(0)
+        x = np.where(np.isfinite(x), x, 0.0)
+        for name, values in start.values.items():
+            block = self.blocks[name]
+            x[block.start : block.start + block.size] = values
+        y, at = np.zeros(n_rows), 0
+        for name in names:
+            n = self._rows[name][1].size
+            if name in start.duals:
+                y[at : at + n] = start.duals[name]
+            at += n
+        return x, y
+
     def maximise(
-        self, objective: Sequence[Term], *, time_limit: float = 10.0, relax: bool = False
+        self,
+        objective: Sequence[Term],
+        *,
+        time_limit: float = 10.0,
+        relax: bool = False,
+        start: Start | None = None,
     ) -> Solution:
-        """Solve; ``relax`` drops integrality (the LP relaxation)."""
+        """Solve; ``relax`` drops integrality (the LP relaxation). ``start``: a point near
+        the optimum to begin from (highs.solve's start; an LP only)."""
         cost = np.zeros(self.n_cols)
         for block, coef in objective:
             cost[block.start : block.start + block.size] += coef
@@ -152,6 +183,7 @@ class Program:
             integer=integer if integer.any() and not relax else None,
             time_limit=time_limit,
             what=self.what,
+            start=None if start is None else self._start(start, matrix.shape[0], names),
         )
         values = {name: sol.x[b.start : b.start + b.size] for name, b in self.blocks.items()}
         duals, at = {}, 0

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from . import eg, lp
 from .guarantee import guarantee_bundles, guarantees
 from .program import Skeleton, guarantee_rows, market_program, utility_rows
 from .rounding import round_whole
@@ -36,6 +37,9 @@ from .rules import EPS, Market, Outcome, gangs_whole, open_market
 from .values import tenant_values
 
 MILP_COLUMNS = 600  # whole-GPU programs up to this many arcs are solved exactly
+# From this many arcs stage 2's LP is begun from eg's interior point of it (crossover, then the
+# simplex method: highs.solve's start) rather than by HiGHS's own interior point.
+STRUCTURED_ARCS = 2_000
 
 
 def _stages(
@@ -71,13 +75,94 @@ def _stages(
             status = first.status
             tau_star = float(first["tau"][0])
         p.bounds(tau, lo=max(0.0, tau_star - 1e-7 * max(1.0, tau_star)))
-    second = p.maximise([(x, v[sk.cols])], time_limit=time_limit, relax=relax)
-    seconds += second.seconds
+    start, began = None, time.perf_counter()
+    if relax or market.divisible:
+        start = _interior_start(
+            sk,
+            market,
+            v=v,
+            e=e,
+            g=g,
+            held=held,
+            tau=max(0.0, tau_star - 1e-7 * max(1.0, tau_star)),
+            time_limit=time_limit,
+        )
+    spent = time.perf_counter() - began
+    second = p.maximise(
+        [(x, v[sk.cols])], time_limit=max(time_limit - spent, 1e-3), relax=relax, start=start
+    )
+    seconds += spent + second.seconds
     if second.status == "no_solution":
         return np.zeros(sk.cols.size), 0.0, "fallback", seconds
     if second.status != "optimal":
         status = second.status
     return np.clip(second["x"], 0.0, None), tau_star, status, seconds
+
+
+def _interior_start(
+    sk: Skeleton,
+    market: Market,
+    *,
+    v: np.ndarray,
+    e: np.ndarray,
+    g: np.ndarray,
+    held: np.ndarray,
+    tau: float,
+    time_limit: float,
+) -> lp.Start | None:
+    """Stage 2's LP at an interior point near its optimum (eg.interior), as a start for
+    crossover (highs.solve); None below STRUCTURED_ARCS columns, with gangs or share caps
+    (not in eg's program), or when the interior point stops short.
+
+    eg's program is stage 2 with tau at its bound: u_i >= max(tau e_i, g_i), each tenant's
+    values in units of its best (as fisher's), weighted by that unit so that the objective
+    is sum_i u_i / (the sum of the units). Its duals are turned back into the LP's: the
+    tier and bid rows' times that sum, a tenant's floor dual onto whichever of its share
+    and guarantee rows is the floor."""
+    if (
+        sk.cols.size < STRUCTURED_ARCS
+        or sk.has_gangs
+        or market.capped[market.arc_group[sk.cols]].any()
+    ):
+        return None
+    a = market.arrays
+    bids, b_row = np.unique(a.arc_bid[sk.cols], return_inverse=True)
+    tenants, t_row = np.unique(a.arc_tenant[sk.cols], return_inverse=True)
+    if tenants.size * market.tier_room.size**2 > eg.MAX_BLOCK:
+        return None
+    scale = np.zeros(tenants.size)
+    np.maximum.at(scale, t_row, v[sk.cols])
+    scale[scale <= 0] = 1.0
+    counted = e > EPS
+    share_is_floor = counted & (tau * e >= g)
+    floor = np.where(share_is_floor, tau * e, g)[tenants]
+    point = eg.interior(
+        eg.Program(
+            arc_bid=b_row,
+            arc_tier=a.arc_tier[sk.cols],
+            value=v[sk.cols] / scale[t_row],
+            bid_room=market.bid_room[bids],
+            bid_buyer=np.searchsorted(tenants, a.bid_tenant[bids]),
+            weight=scale / scale.sum(),
+            held=held[tenants] / scale,
+            floor=np.where(floor - held[tenants] > EPS, floor / scale, 0.0),
+            capacity=market.tier_room,
+            linear=True,
+        ),
+        time_limit=time_limit,
+    )
+    if point is None:
+        return None
+    units = scale.sum()
+    floor_dual = np.zeros(a.n_tenants)
+    floor_dual[tenants] = -units * point.lam / scale  # a >= row of a maximisation
+    duals = {
+        "capacity": units * point.pi,
+        "quantity": units * point.mu,
+        "share": np.where(share_is_floor, floor_dual, 0.0)[counted],
+        "guarantee": np.where(share_is_floor, 0.0, floor_dual)[g - held > EPS],
+    }
+    return lp.Start(values={"x": np.clip(point.x, 0.0, None)}, duals=duals)
 
 
 def _split_is_best(
