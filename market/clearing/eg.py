@@ -56,6 +56,7 @@ SOLVE_TOL = 1e-8  # a system is solved when its residual is this small, relative
 # The same for ``interior``: its point only starts a crossover, and the linear program's
 # systems take several conjugate-gradient steps more to 1e-8 (5 a system, against 2).
 INTERIOR_SOLVE_TOL = 1e-5
+STALL, STALL_GAP = 3, 1e-4  # see _path
 SUPPORT_GAP = 1e-6  # ``interior`` stops at this complementarity, relative to the objective
 STEP_BACK = 0.99  # the fraction of the longest step that keeps every variable positive
 
@@ -367,14 +368,27 @@ def _path(
     np.maximum.at(mu, kb, marg)
     mu = mu * 1.01 + 1e-300
     point = Point(x=x, e=e, nu=mu[kb] + pi[kt] - marg, mu=mu, pi=pi, lam=lam, kap=rows.rho - lam)
+    # Without a proof (a linear program's ``interior``) the systems are solved to
+    # INTERIOR_SOLVE_TOL; when the complementarity stops falling (STALL steps without a tenth
+    # off its lowest) they are solved to SOLVE_TOL; if it stalls again, or no step is
+    # possible, the lowest point is the answer when it is within STALL_GAP of the objective.
+    tol = SOLVE_TOL if proof is not None else INTERIOR_SOLVE_TOL
+    best, best_products, since = point, np.inf, 0
     for step in range(MAX_STEPS):
         if time.perf_counter() > deadline:
             return None
         u = h + rows.values(point.x)
         products = sum(float(q @ val) for val, q in _complements(p, rows, point))
         if proof is None:
-            if products <= SUPPORT_GAP * max(1.0, abs(float(w @ u))):
+            scale = max(1.0, abs(float(w @ u)))
+            if products <= SUPPORT_GAP * scale:
                 return point, step, np.inf
+            if products < 0.9 * best_products:
+                best, best_products, since = point, products, 0
+            elif (since := since + 1) >= STALL and tol > SOLVE_TOL:
+                tol, since = SOLVE_TOL, 0
+            elif since >= STALL:
+                break
         elif products < 10 * GAP_ABS:
             # Near the end: ask for the proof.
             value = float(w @ np.log(u))
@@ -382,9 +396,13 @@ def _path(
             gap = dual_bound(proof, np.maximum(point.pi, 0.0)) - value
             if gap <= max(GAP_ABS, GAP_REL * abs(value)) and short <= SHORT:
                 return point, step, gap
-        point = _advance(p, rows, point, products / m)
+        point = _advance(p, rows, point, products / m, tol)
         if point is None:
-            return None
+            break
+    if proof is None and best_products <= STALL_GAP * max(
+        1.0, abs(float(w @ (h + rows.values(best.x))))
+    ):
+        return best, step, np.inf
     return None
 
 
@@ -426,8 +444,9 @@ def _complements(p: Program, rows: _Rows, pt: Point) -> list[tuple[np.ndarray, n
     ]
 
 
-def _advance(p: Program, rows: _Rows, pt: Point, mean: float) -> Point | None:
-    """One predictor-corrector step from ``pt``; None when no step is possible."""
+def _advance(p: Program, rows: _Rows, pt: Point, mean: float, tol: float) -> Point | None:
+    """One predictor-corrector step from ``pt``, its systems solved to ``tol``; None when no
+    step is possible."""
     need, kb, kt, ki, T = rows.need, rows.kb, rows.kt, rows.ki, p.capacity.size
     v = p.value
     x, e = pt.x, pt.e
@@ -440,7 +459,7 @@ def _advance(p: Program, rows: _Rows, pt: Point, mean: float) -> Point | None:
     hee = np.where(need, pt.kap / e + lz, 1.0)
     system = _System(
         rows,
-        tol=INTERIOR_SOLVE_TOL if p.linear else SOLVE_TOL,
+        tol=tol,
         d=pt.nu / x,
         sig=pt.mu / s,
         gam=pt.pi / c,

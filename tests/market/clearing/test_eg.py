@@ -139,22 +139,26 @@ def test_guarantees_that_leave_no_interior_are_met():
     _holds(p, found.x)
 
 
-def _instance(seed: int) -> Instance:
+def _instance(seed: int, *, bids: int = 300, tenants: int = 30) -> Instance:
     rng = np.random.default_rng(seed)
-    tiers = tuple(Tier(name=f"t{t}", capacity=40 + 10 * t, reserve_price=1) for t in range(4))
-    tenants = tuple(Tenant(name=f"n{i:02d}", weight=float(rng.choice([1, 2]))) for i in range(30))
-    bids = []
-    for b in range(300):
-        names = rng.choice(4, size=rng.integers(1, 4), replace=False)
-        bids.append(
+    tiers = tuple(
+        Tier(name=f"t{t}", capacity=(40 + 10 * t) * bids // 300, reserve_price=1) for t in range(4)
+    )
+    names = tuple(
+        Tenant(name=f"n{i:02d}", weight=float(rng.choice([1, 2]))) for i in range(tenants)
+    )
+    out = []
+    for b in range(bids):
+        on = rng.choice(4, size=rng.integers(1, 4), replace=False)
+        out.append(
             Bid(
                 id=f"b{b:04d}",
-                tenant=f"n{int(rng.integers(0, 30)):02d}",
+                tenant=f"n{int(rng.integers(0, tenants)):02d}",
                 quantity=int(rng.choice([1, 2, 4])),
-                limits={f"t{t}": int(rng.integers(2, 30)) for t in sorted(names)},
+                limits={f"t{t}": int(rng.integers(2, 30)) for t in sorted(on)},
             )
         )
-    return Instance(tiers=tiers, tenants=tenants, bids=tuple(bids))
+    return Instance(tiers=tiers, tenants=names, bids=tuple(out))
 
 
 def _utilities(result, inst: Instance) -> np.ndarray:

@@ -1,0 +1,164 @@
+"""An LP begun from an interior point (highs.solve's start): eg.interior on linear programs,
+crossover and the simplex method from it, and maxmin's stage 2 that way."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from market.clearing import clear, eg, highs, lp, maxmin
+
+from .test_eg import _instance, _program
+
+
+def _linear(seed: int, guarantee: float = 0.8) -> eg.Program:
+    return dataclasses.replace(_program(seed, tenants=60, guarantee=guarantee), linear=True)
+
+
+def _lp(p: eg.Program) -> tuple[lp.Program, lp.Block]:
+    """p as an LP: max sum_i w_i u_i over the bid, tier and floor rows."""
+    n, T = p.weight.size, p.capacity.size
+    prog = lp.Program("test problem")
+    x = prog.variables("x", p.arc_bid.size)
+    prog.constrain("tiers", [(x, lp.incidence(p.arc_tier, T))], hi=p.capacity)
+    prog.constrain("bids", [(x, lp.incidence(p.arc_bid, p.bid_room.size))], hi=p.bid_room)
+    need = np.flatnonzero(p.floor > 0)
+    values = lp.incidence(p.bid_buyer[p.arc_bid], n, p.value)
+    prog.constrain("floors", [(x, values[need])], lo=p.floor[need] - p.held[need])
+    return prog, x
+
+
+def _objective(p: eg.Program) -> np.ndarray:
+    return p.weight[p.bid_buyer[p.arc_bid]] * p.value
+
+
+def _start(p: eg.Program, point: eg.Point) -> lp.Start:
+    need = p.floor > 0
+    return lp.Start(
+        values={"x": point.x},
+        duals={"tiers": point.pi, "bids": point.mu, "floors": -point.lam[need]},
+    )
+
+
+@pytest.mark.parametrize("guarantee", [0.0, 0.8, 1.0])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_interior_point_of_a_linear_program_is_near_its_optimum(seed, guarantee):
+    p = _linear(seed, guarantee)
+    prog, x = _lp(p)
+    best = prog.maximise([(x, _objective(p))])
+    point = eg.interior(p, time_limit=60)
+    assert point is not None
+    optimum = float(_objective(p) @ best["x"])
+    assert float(_objective(p) @ point.x) == pytest.approx(optimum, rel=1e-5)
+    assert (point.x >= 0).all() and (point.nu >= 0).all() and (point.pi >= 0).all()
+    tiers = np.bincount(p.arc_tier, weights=point.x, minlength=p.capacity.size)
+    assert (tiers <= p.capacity + 1e-6).all()
+
+
+def test_interior_is_for_linear_programs():
+    with pytest.raises(ValueError, match="linear"):
+        eg.interior(_program(0), time_limit=10)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_lp_begun_from_its_interior_point_ends_at_the_same_optimum(monkeypatch, seed):
+    """The start is taken (crossover and simplex end optimal, no second solve) and ends
+    where the LP solved from nothing does, at a vertex (as few arcs used as there are
+    rows that bind)."""
+    p = _linear(seed)
+    prog, x = _lp(p)
+    plain = prog.maximise([(x, _objective(p))])
+    ended = []
+    original = highs._from_start
+
+    def spy(*args, **kwargs):
+        found = original(*args, **kwargs)
+        ended.append(found)
+        return found
+
+    monkeypatch.setattr(highs, "_from_start", spy)
+    started = prog.maximise([(x, _objective(p))], start=_start(p, eg.interior(p, time_limit=60)))
+    assert len(ended) == 1 and ended[0] is not None
+    assert started.status == "optimal"
+    c = _objective(p)
+    assert float(c @ started["x"]) == pytest.approx(float(c @ plain["x"]), rel=1e-9)
+    fractional = np.abs(started["x"] - np.rint(started["x"])) > 1e-7
+    rows = p.capacity.size + p.bid_room.size + int((p.floor > 0).sum())
+    assert int((started["x"] > 1e-9).sum()) <= rows
+    assert int(fractional.sum()) <= p.capacity.size + int((p.floor > 0).sum())
+
+
+def test_a_start_far_from_the_optimum_still_ends_at_it():
+    p = _linear(1)
+    prog, x = _lp(p)
+    plain = prog.maximise([(x, _objective(p))])
+    rng = np.random.default_rng(0)
+    bad = lp.Start(
+        values={"x": rng.random(p.arc_bid.size) * 5},
+        duals={"tiers": -rng.random(p.capacity.size), "bids": rng.random(p.bid_room.size)},
+    )
+    started = prog.maximise([(x, _objective(p))], start=bad)
+    c = _objective(p)
+    assert started.status == "optimal"
+    assert float(c @ started["x"]) == pytest.approx(float(c @ plain["x"]), rel=1e-9)
+
+
+def test_crossover_as_the_first_solve_of_a_process():
+    """HiGHS's crossover alone does not start its task scheduler, which a run does; called
+    first in a process it crashed it (a segmentation fault). _from_start starts it first."""
+    code = textwrap.dedent(
+        """
+        import numpy as np, scipy.sparse as sp
+        from market.clearing import highs
+        A = sp.csr_matrix(np.array([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]]))
+        sol = highs.solve(cost=np.array([1.0, 2.0, 1.0]), matrix=A, row_lo=np.full(2, -np.inf),
+                          row_hi=np.array([1.0, 1.0]), col_lo=np.zeros(3), col_hi=np.full(3, np.inf),
+                          start=(np.array([0.5, 0.5, 0.5]), np.array([1.0, 1.0])))
+        print(round(float(np.array([1.0, 2.0, 1.0]) @ sol.x), 9))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "2.0"
+
+
+@pytest.mark.parametrize("divisible", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_maxmin_stage_two_from_the_interior_point_is_the_same_optimum(monkeypatch, seed, divisible):
+    """maxmin with its threshold lowered to take this instance: stage 2's LP is begun from
+    eg's interior point (taken: crossover and simplex end optimal) and ends at the optimum
+    the LP solved from nothing reaches, with the same worst share ratio in divisible mode."""
+    inst = _instance(seed, bids=600, tenants=40)
+    stage_two: dict[str, list[float]] = {"start": [], "plain": []}
+    ended = []
+    original, original_start = highs.solve, highs._from_start
+
+    def spy(**kwargs):
+        sol = original(**kwargs)
+        stage_two["plain" if kwargs.get("start") is None else "start"].append(
+            float(kwargs["cost"] @ sol.x)
+        )
+        return sol
+
+    def spy_start(*args, **kwargs):
+        found = original_start(*args, **kwargs)
+        ended.append(found)
+        return found
+
+    monkeypatch.setattr(highs, "solve", spy)
+    monkeypatch.setattr(highs, "_from_start", spy_start)
+    monkeypatch.setattr(maxmin, "STRUCTURED_ARCS", 0)
+    started = clear(inst, mechanism="maxmin", divisible=divisible)
+    assert ended and all(found is not None for found in ended)
+    monkeypatch.setattr(maxmin, "STRUCTURED_ARCS", 10**9)
+    plain = clear(inst, mechanism="maxmin", divisible=divisible)
+    assert stage_two["start"][-1] == pytest.approx(stage_two["plain"][-1], rel=1e-9)
+    if divisible:  # (whole GPUs round the vertex each reached, which may differ)
+        assert started.diagnostics["min_share_ratio"] == pytest.approx(
+            plain.diagnostics["min_share_ratio"], rel=1e-6
+        )
