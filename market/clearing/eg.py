@@ -18,8 +18,10 @@ the *other* arcs of its bid are taken directly, never as a total less the arc's 
 bid fills, one arc's weight can be 1e16 times another's, and the subtraction loses every
 digit), per tenant (Sherman-Morrison), over the T tiers (a T x T system); that solve then
 preconditions conjugate gradients on the exact matrix, which end in about one iteration.
-A step costs a few sparse products over the arcs; at 100k bids the method takes about 25
-steps where the conic solver takes 39 iterations of a factorisation of the whole program.
+A step costs a few sums over the arcs, laid out for them (``_by_arc_count``: the bids with c
+arcs side by side as a (c, bids) block, so that a sum over a bid's other arcs adds whole
+rows); at 100k bids the method takes about 25 steps where the conic solver takes 39
+iterations of a factorisation of the whole program.
 
 *The proof.* Only the T tier rows link tenants. At prices pi each tenant's part of the
 Lagrangian, max w_i log u_i - pi . y_i over its own bids with u_i >= g_i, has an exact
@@ -34,8 +36,12 @@ method's allocation, which meets every row (a guarantee to SHORT), is within GAP
 GAP_REL of D at the method's tier duals; otherwise ``solve`` answers None and the caller
 solves the conic program.
 
+*Linear programs* (``Program.linear``: the objective sum_i w_i u_i, maxmin's stage 2):
+``interior`` runs the same method, with primal and dual steps of their own, to a point near
+the optimum, unproven; a crossover from it finds an optimal vertex (maxmin.py).
+
 Not for: share caps that bind or gang minimums, or more than MAX_BLOCK tenants x tiers^2
-(fisher does not call it then).
+(fisher and maxmin do not call it then).
 """
 
 from __future__ import annotations
