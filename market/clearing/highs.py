@@ -15,6 +15,7 @@ import scipy.sparse as sp
 from .errors import SolverError
 
 IPM_ROWS = 2000  # rows above which an LP is solved by interior point + crossover
+PRIMAL_SIMPLEX = 4  # HiGHS's simplex_strategy for the primal simplex method
 
 
 def banner_silence() -> None:
@@ -160,7 +161,11 @@ def _from_start(
     h.crossover(point)
     if not h.getBasis().valid:
         return None
+    # The basis crossover leaves is primal feasible (the start meets every row) and far from
+    # dual feasible: the primal simplex method ends from it in a few steps where the dual
+    # took thousands (6 against 1,069 at 10k bids; 1,570 against 5,569 at 100k).
     h.setOptionValue("solver", "simplex")
+    h.setOptionValue("simplex_strategy", PRIMAL_SIMPLEX)
     h.setOptionValue("time_limit", max(0.0, time_limit - (time.perf_counter() - began)))
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
