@@ -64,6 +64,7 @@ SOLVE_TOL = 1e-8  # a system is solved when its residual is this small, relative
 INTERIOR_SOLVE_TOL = 1e-5
 STALL, STALL_GAP = 3, 1e-4  # see _path
 SUPPORT_GAP = 1e-6  # ``interior`` stops at this complementarity, relative to the objective
+EMPTY = 1e-9  # a tier with no more room than this, relative to the largest, takes nothing
 STEP_BACK = 0.99  # the fraction of the longest step that keeps every variable positive
 
 
@@ -301,7 +302,7 @@ def _by_arc_count(p: Program) -> tuple[np.ndarray, tuple[tuple[int, int, int], .
 def solve(p: Program, *, time_limit: float) -> Solution | None:
     """The optimum within the proven gap, or None (no proof within MAX_STEPS or
     ``time_limit`` seconds: the caller solves the conic program)."""
-    found = _ordered(p, p, time_limit)
+    found = _ordered(p, True, time_limit)
     if found is None:
         return None
     point, steps, gap = found
@@ -314,22 +315,47 @@ def interior(p: Program, *, time_limit: float) -> Point | None:
     crossover finds an optimal vertex in a few simplex steps (maxmin.py, highs.solve)."""
     if not p.linear:
         raise ValueError("interior is for a linear objective (Program.linear)")
-    found = _ordered(p, None, time_limit)
+    found = _ordered(p, False, time_limit)
     return None if found is None else found[0]
 
 
-def _ordered(
-    p: Program, proof: Program | None, time_limit: float
-) -> tuple[Point, int, float] | None:
-    """The method on p's arcs put in ``_by_arc_count``'s order, its arcs' values back in p's."""
-    order, groups = _by_arc_count(p)
-    arcs = {"arc_bid": p.arc_bid[order], "arc_tier": p.arc_tier[order], "value": p.value[order]}
-    found = _path(replace(p, **arcs), groups, proof, deadline=time.perf_counter() + time_limit)
+def _ordered(p: Program, proof: bool, time_limit: float) -> tuple[Point, int, float] | None:
+    """The method on p's arcs that can carry GPUs, put in ``_by_arc_count``'s order, with a
+    proof or without; the point's arc values back in p's order (0 on the arcs left out).
+
+    A tier without room (reserved quotas can fill one, up to float dust) or a bid without
+    room takes nothing, and its arcs are left out: at the start they would scale every arc
+    to nothing, and the method's system would be singular. A tier left with no arc keeps a
+    row with room 1, which binds nothing."""
+    room = p.capacity > EMPTY * max(1.0, float(p.capacity.max(initial=0.0)))
+    keep = np.flatnonzero(room[p.arc_tier] & (p.bid_room[p.arc_bid] > 0))
+    if keep.size == 0:
+        return None
+    sub = replace(
+        p,
+        arc_bid=p.arc_bid[keep],
+        arc_tier=p.arc_tier[keep],
+        value=p.value[keep],
+        capacity=np.where(room, p.capacity, 1.0),
+    )
+    order, groups = _by_arc_count(sub)
+    arcs = {
+        "arc_bid": sub.arc_bid[order],
+        "arc_tier": sub.arc_tier[order],
+        "value": sub.value[order],
+    }
+    deadline = time.perf_counter() + time_limit
+    try:
+        # The proof on ``sub`` (its arcs still sorted by bid): no allocation of p's puts
+        # anything on the arcs left out, so both have the same optimum.
+        found = _path(replace(sub, **arcs), groups, sub if proof else None, deadline=deadline)
+    except np.linalg.LinAlgError:
+        return None
     if found is None:
         return None
     point, steps, gap = found
-    x, nu = np.empty(order.size), np.empty(order.size)
-    x[order], nu[order] = point.x, point.nu
+    x, nu = np.zeros(p.arc_bid.size), np.zeros(p.arc_bid.size)
+    x[keep[order]], nu[keep[order]] = point.x, point.nu
     return replace(point, x=x, nu=nu), steps, gap
 
 

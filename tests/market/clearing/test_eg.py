@@ -3,11 +3,13 @@ proof (the exact dual function), and fisher's use of it."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import cvxpy as cp
 import numpy as np
 import pytest
 
-from market.clearing import Bid, Instance, Tenant, Tier, clear, eg, fisher, lp
+from market.clearing import Bid, Instance, Tenant, Tier, clear, eg, fisher, lp, maxmin
 
 
 def _program(seed: int, *, tenants: int = 40, tiers: int = 4, guarantee: float = 0.0):
@@ -214,3 +216,40 @@ def test_fisher_solves_the_conic_program_when_no_proof_comes(monkeypatch):
     result = clear(inst, mechanism="fisher", divisible=True)
     assert solved and solved[0] == cp.CLARABEL
     assert result.diagnostics["status"] == "optimal"
+
+
+@pytest.mark.parametrize("mechanism", ["fisher", "maxmin"])
+def test_reserved_quotas_that_fill_tiers_clear_through_the_interior_point(monkeypatch, mechanism):
+    """Quotas by weight leave two tiers with no room (0 and 4e-14 GPUs of float dust): their
+    arcs can carry nothing. eg.py's start scaled every arc to nothing and its system was
+    singular (LinAlgError out of ``clear``); now those arcs and tiers are left out of its
+    program, which answers as the solver without it does."""
+    inst = dataclasses.replace(_instance(0, bids=600, tenants=40), quotas="by_weight")
+    module = fisher if mechanism == "fisher" else maxmin
+    used = []
+    for name in ("solve", "interior"):
+        original = getattr(eg, name)
+
+        def spy(program, _original=original, **kwargs):
+            found = _original(program, **kwargs)
+            used.append(found is not None)
+            return found
+
+        monkeypatch.setattr(eg, name, spy)
+    monkeypatch.setattr(module, "STRUCTURED_ARCS", 0)
+    structured = clear(inst, mechanism=mechanism, divisible=True)
+    assert used == [True]
+    monkeypatch.setattr(module, "STRUCTURED_ARCS", 10**9)
+    plain = clear(inst, mechanism=mechanism, divisible=True)
+    assert structured.diagnostics["status"] == plain.diagnostics["status"] == "optimal"
+    if mechanism == "fisher":  # one optimum; maxmin's LP may end at another vertex of it
+        assert _utilities(structured, inst) == pytest.approx(
+            _utilities(plain, inst), rel=1e-3, abs=1e-3
+        )
+    else:
+        assert structured.diagnostics["min_share_ratio"] == pytest.approx(
+            plain.diagnostics["min_share_ratio"], rel=1e-6
+        )
+        assert _utilities(structured, inst).sum() == pytest.approx(
+            _utilities(plain, inst).sum(), rel=1e-6
+        )
