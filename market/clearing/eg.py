@@ -349,7 +349,7 @@ def _ordered(p: Program, proof: bool, time_limit: float) -> tuple[Point, int, fl
         # The proof on ``sub`` (its arcs still sorted by bid): no allocation of p's puts
         # anything on the arcs left out, so both have the same optimum.
         found = _path(replace(sub, **arcs), groups, sub if proof else None, deadline=deadline)
-    except np.linalg.LinAlgError:
+    except (np.linalg.LinAlgError, ZeroDivisionError):  # a system it cannot solve
         return None
     if found is None:
         return None
@@ -411,6 +411,8 @@ def _path(
             return None
         u = h + rows.values(point.x)
         products = sum(float(q @ val) for val, q in _complements(p, rows, point))
+        if not np.isfinite(products):
+            break
         if proof is None:
             scale = max(1.0, abs(float(w @ u)))
             if products <= SUPPORT_GAP * scale:
@@ -644,7 +646,10 @@ class _System:
         p, rz = z.copy(), float(r @ z)
         for _ in range(CG_STEPS):
             hp = self._times(p)
-            step = rz / float(p @ hp)
+            curvature = float(p @ hp)
+            if not (curvature > 0 and rz != 0):  # nothing left to gain along p
+                break
+            step = rz / curvature
             x, r = x + step * p, r - step * hp
             if np.linalg.norm(r) <= self.tol * size:
                 break

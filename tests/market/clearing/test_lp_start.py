@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from market.clearing import clear, eg, highs, lp, maxmin
+from market.clearing import Bid, Instance, Tenant, Tier, clear, eg, fisher, highs, lp, maxmin
 
 from .test_eg import _instance, _program
 
@@ -162,3 +162,22 @@ def test_maxmin_stage_two_from_the_interior_point_is_the_same_optimum(monkeypatc
         assert started.diagnostics["min_share_ratio"] == pytest.approx(
             plain.diagnostics["min_share_ratio"], rel=1e-6
         )
+
+
+@pytest.mark.parametrize("mechanism", ["fisher", "maxmin"])
+def test_equal_splits_that_leave_no_interior_clear_through_the_interior_point(
+    monkeypatch, mechanism
+):
+    """Three tenants, one bid each on one tier of 3 GPUs: every guarantee (and maxmin's
+    floor) is exactly the split, so the only feasible point is 1 GPU each and there is no
+    interior. Through eg.py (thresholds lowered) the conjugate gradients reached a direction
+    of no curvature and divided by zero (ZeroDivisionError out of ``clear``)."""
+    inst = Instance(
+        tiers=(Tier("a100", 3),),
+        tenants=(Tenant("x"), Tenant("y"), Tenant("z")),
+        bids=tuple(Bid(b, t, 2, {"a100": 1}) for b, t in zip("abc", "xyz", strict=True)),
+    )
+    monkeypatch.setattr(fisher, "STRUCTURED_ARCS", 0)
+    monkeypatch.setattr(maxmin, "STRUCTURED_ARCS", 0)
+    result = clear(inst, mechanism=mechanism, divisible=True)
+    assert [a.gpus for a in result.allocations] == pytest.approx([1.0, 1.0, 1.0], abs=1e-6)
