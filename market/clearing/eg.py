@@ -213,7 +213,7 @@ class Solution:
 
 @dataclass
 class Point:
-    """An interior point: primal x (K,) and e (n,, the elastic guarantee slack), and the
+    """An interior point: primal x (K,) and the elastic guarantee slack e (n,), and the
     duals of x >= 0 (nu, K), the bid rows (mu, nb), the tier rows (pi, T), the guarantee
     rows (lam, n) and e >= 0 (kap, n), in the objective's units."""
 
