@@ -8,7 +8,7 @@ from collections import defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from market.clearing import MECHANISMS, Bid, Instance, Tenant, Tier, clear
+from market.clearing import MECHANISMS, Bid, Instance, Tenant, Tier, clear, fisher, maxmin
 
 TIMINGS = {"build_seconds", "solve_seconds", "rounding_seconds", "total_seconds"}
 
@@ -131,6 +131,21 @@ def test_fisher_invariants(inst, divisible):
 @given(inst=instances(), divisible=st.booleans())
 def test_maxmin_invariants(inst, divisible):
     check(inst, "maxmin", divisible)
+
+
+@SETTINGS
+@given(inst=instances(), divisible=st.booleans(), policy=st.sampled_from(["fisher", "maxmin"]))
+def test_invariants_through_the_interior_point(inst, divisible, policy):
+    """The same invariants with fisher's and maxmin's thresholds for eg.py at 0, so that its
+    interior point (and maxmin's crossover from it) meets the odd small instances: tiers
+    without room, single bids, values of 0, budgets. Running every clearing test that way
+    found eg.py dividing by zero on equal splits."""
+    saved = fisher.STRUCTURED_ARCS, maxmin.STRUCTURED_ARCS
+    fisher.STRUCTURED_ARCS = maxmin.STRUCTURED_ARCS = 0
+    try:
+        check(inst, policy, divisible)
+    finally:
+        fisher.STRUCTURED_ARCS, maxmin.STRUCTURED_ARCS = saved
 
 
 def test_every_mechanism_is_covered():
