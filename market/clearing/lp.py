@@ -163,9 +163,12 @@ class Program:
         time_limit: float = 10.0,
         relax: bool = False,
         start: Start | None = None,
+        vertex: bool = True,
     ) -> Solution:
         """Solve; ``relax`` drops integrality (the LP relaxation). ``start``: a point near
-        the optimum to begin from (highs.solve's start; an LP only)."""
+        the optimum to begin from (highs.solve's start; an LP only). ``vertex=False``: the
+        optimal value is what is wanted, and a large LP's answer may be an interior point
+        (highs.solve)."""
         cost = np.zeros(self.n_cols)
         for block, coef in objective:
             cost[block.start : block.start + block.size] += coef
@@ -184,6 +187,7 @@ class Program:
             time_limit=time_limit,
             what=self.what,
             start=None if start is None else self._start(start, matrix.shape[0], names),
+            vertex=vertex,
         )
         values = {name: sol.x[b.start : b.start + b.size] for name, b in self.blocks.items()}
         duals, at = {}, 0

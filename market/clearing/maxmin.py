@@ -68,7 +68,8 @@ def _stages(
         if (relax or market.divisible) and _split_is_best(sk, v=v, e=e, held=held, market=market):
             tau_star = 1.0
         else:
-            first = p.maximise([(tau, 1.0)], time_limit=time_limit, relax=relax)
+            # Only tau* is kept from stage 1, so its LP needs no vertex (no crossover).
+            first = p.maximise([(tau, 1.0)], time_limit=time_limit, relax=relax, vertex=False)
             seconds += first.seconds
             if first.status == "no_solution":
                 return np.zeros(sk.cols.size), 0.0, "fallback", seconds

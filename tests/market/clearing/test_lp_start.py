@@ -181,3 +181,99 @@ def test_equal_splits_that_leave_no_interior_clear_through_the_interior_point(
     monkeypatch.setattr(maxmin, "STRUCTURED_ARCS", 0)
     result = clear(inst, mechanism=mechanism, divisible=True)
     assert [a.gpus for a in result.allocations] == pytest.approx([1.0, 1.0, 1.0], abs=1e-6)
+
+
+def _rows_met(p: eg.Program, x: np.ndarray) -> bool:
+    tiers = np.bincount(p.arc_tier, weights=x, minlength=p.capacity.size)
+    bids = np.bincount(p.arc_bid, weights=x, minlength=p.bid_room.size)
+    u = p.held + np.bincount(p.bid_buyer[p.arc_bid], weights=p.value * x, minlength=p.floor.size)
+    need = p.floor > 0
+    return bool(
+        (x >= -1e-9).all()
+        and (tiers <= p.capacity + 1e-6).all()
+        and (bids <= p.bid_room + 1e-6).all()
+        and (u[need] >= p.floor[need] - 1e-6).all()
+    )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_answer_without_a_vertex_has_the_optimal_value(monkeypatch, seed):
+    """vertex=False on an LP past IPM_ROWS (lowered to take this one): the interior point's
+    answer, no crossover: the same optimal value, every row met, and not a vertex (more
+    fractional arcs than a basis can hold: the LP has many optima, as a tenant values a tier
+    the same for every bid, and the interior point lies between them)."""
+    monkeypatch.setattr(highs, "IPM_ROWS", 0)
+    p = _linear(seed)
+    prog, x = _lp(p)
+    c = _objective(p)
+    at_vertex = prog.maximise([(x, c)])
+    inside = prog.maximise([(x, c)], vertex=False)
+    assert inside.status == "optimal"
+    assert float(c @ inside["x"]) == pytest.approx(float(c @ at_vertex["x"]), rel=1e-7)
+    assert _rows_met(p, inside["x"]) and _rows_met(p, at_vertex["x"])
+    basis = p.capacity.size + int((p.floor > 0).sum())  # rows besides the bids'
+
+    def fractional(y):
+        return int((np.abs(y - np.rint(y)) > 1e-6).sum())
+
+    assert fractional(at_vertex["x"]) <= basis < fractional(inside["x"])
+
+
+def test_an_interior_point_that_does_not_end_optimal_is_solved_again_with_crossover(monkeypatch):
+    """An interior point run without crossover that stops short (here: one iteration allowed)
+    is not an answer: the LP is solved again with crossover, to its optimal vertex."""
+    monkeypatch.setattr(highs, "IPM_ROWS", 0)
+    original_run = highs.highspy.Highs.run
+    crossover = []
+
+    def short(self):
+        crossover.append(self.getOptionValue("run_crossover")[1])
+        if crossover[-1] == "off":
+            self.setOptionValue("ipm_iteration_limit", 1)
+        return original_run(self)
+
+    monkeypatch.setattr(highs.highspy.Highs, "run", short)
+    p = _linear(0)
+    prog, x = _lp(p)
+    c = _objective(p)
+    again = prog.maximise([(x, c)], vertex=False)
+    assert crossover == ["off", "on"]
+    monkeypatch.setattr(highs.highspy.Highs, "run", original_run)
+    assert again.status == "optimal"
+    assert float(c @ again["x"]) == pytest.approx(float(c @ prog.maximise([(x, c)])["x"]), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_maxmin_stage_one_without_a_vertex_finds_the_same_tau(monkeypatch, seed):
+    """A round with so little room that stage 1 runs (every tenant could beat its split):
+    its LP, solved by the interior point without crossover (IPM_ROWS lowered to take it),
+    gives the worst share ratio that a vertex gives, in divisible mode."""
+    base = _instance(seed, bids=600, tenants=40)
+    inst = dataclasses.replace(
+        base, tiers=tuple(dataclasses.replace(t, capacity=t.capacity // 4) for t in base.tiers)
+    )
+    monkeypatch.setattr(highs, "IPM_ROWS", 0)
+    original = highs.solve
+    stage_one = []
+
+    def spy(**kwargs):
+        sol = original(**kwargs)
+        if kwargs["cost"].sum() == 1.0 and kwargs["cost"][-1] == 1.0:  # max tau
+            stage_one.append((kwargs["vertex"], float(sol.x[-1])))
+        return sol
+
+    monkeypatch.setattr(highs, "solve", spy)
+    inside = clear(inst, mechanism="maxmin", divisible=True)
+    original_maximise = lp.Program.maximise
+    monkeypatch.setattr(
+        lp.Program,
+        "maximise",
+        lambda self, *a, **k: original_maximise(self, *a, **k | {"vertex": True}),
+    )
+    at_vertex = clear(inst, mechanism="maxmin", divisible=True)
+    assert [v for v, _ in stage_one] == [False, True]
+    assert stage_one[0][1] > 1.0  # trading tiers beats the split: stage 1 was needed
+    assert stage_one[0][1] == pytest.approx(stage_one[1][1], rel=1e-7)
+    assert inside.diagnostics["min_share_ratio"] == pytest.approx(
+        at_vertex.diagnostics["min_share_ratio"], rel=1e-6
+    )
