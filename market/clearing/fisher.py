@@ -35,7 +35,7 @@ import scipy.sparse as sp
 
 from . import eg, lp
 from .errors import SolverError
-from .guarantee import guarantee_bundles, guarantees
+from .guarantee import guarantee_and_fair
 from .program import guarantee_rows, market_program, residual, utility_rows
 from .rounding import round_whole
 from .rules import EPS, Market, OpenMarket, Outcome, open_market
@@ -243,7 +243,7 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
     values = tenant_values(market, params["values"])
     v = values[a.arc_tenant, a.arc_tier]
     budget, left_out = buyer_budgets(market)
-    g, bundle = guarantee_bundles(market, v)
+    g, _, fair = guarantee_and_fair(market, v)
     held = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
     om = open_market(market)
     cols = program_arcs(market, om, v, budget)
@@ -317,7 +317,7 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
         values=values,
         arc_value=v,
         guarantee=g,
-        fair=g if market.divisible else guarantees(market, v, fractional=True, start=bundle),
+        fair=fair,
         budget_cap=np.where(np.isnan(a.budget), np.inf, a.budget),
     )
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import lp
 from .rules import Market, fill_in_order, whole
-from .transport import best_bundles
+from .transport import Paths
 
 CHUNK_ARCS = 2000  # arcs per transport LP (the fallback)
 # A tenant with more bids than this goes straight to the LP: the paths push one path per
@@ -29,6 +29,21 @@ def guarantees(
 ) -> np.ndarray:
     """g_i (N,): see ``guarantee_bundles``."""
     return guarantee_bundles(market, arc_value, fractional=fractional, start=start)[0]
+
+
+def guarantee_and_fair(
+    market: Market, arc_value: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(g, y, fair): ``guarantee_bundles``'s guarantee and bundle, and the fractional-share
+    normaliser (``guarantees(fractional=True)`` begun from that bundle; g itself in divisible
+    mode). When both problems have the same arcs (every share of a tier a tenant bids on is
+    at least one GPU), the path search is built once for both."""
+    searches: dict = {}
+    g, y = _bundles(market, arc_value, fractional=False, start=None, searches=searches)
+    if market.divisible:
+        return g, y, g
+    fair, _ = _bundles(market, arc_value, fractional=True, start=y, searches=searches)
+    return g, y, fair
 
 
 def guarantee_bundles(
@@ -52,6 +67,20 @@ def guarantee_bundles(
     values for shares no larger (the whole-share bundles, for the fractional normaliser),
     from which the path search begins instead of from nothing.
     """
+    return _bundles(market, arc_value, fractional=fractional, start=start, searches=None)
+
+
+def _bundles(
+    market: Market,
+    arc_value: np.ndarray,
+    *,
+    fractional: bool,
+    start: np.ndarray | None,
+    searches: dict | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``guarantee_bundles``; ``searches``: the path search built by an earlier call on the
+    same values (its arcs under "arcs", itself under "paths"), used again when this call's
+    arcs are the same, and where this one's is kept."""
     a = market.arrays
     N = a.n_tenants
     if market.quotas_set:
@@ -60,7 +89,8 @@ def guarantee_bundles(
     share = whole(market.group_share, market.divisible or fractional)
     ok = ~market.is_gang[a.arc_bid] & (arc_value > 0) & (share[market.arc_group] > 0)
     eligible = np.flatnonzero(ok)
-    bids_of = np.bincount(np.unique(a.arc_bid[eligible]).astype(np.int64), minlength=a.n_bids)
+    bids_of = np.zeros(a.n_bids)
+    bids_of[a.arc_bid[eligible]] = 1.0
     per_tenant = np.bincount(a.bid_tenant, weights=bids_of, minlength=N)
     single = per_tenant[a.arc_tenant[eligible]] == 1
     g = np.zeros(N)
@@ -76,15 +106,22 @@ def guarantee_bundles(
     if many.size:
         big = per_tenant[a.arc_tenant[many]] > BIG_TENANT_BIDS
         paths = many[~big]
-        y[paths], solved = best_bundles(
-            a.arc_bid[paths],
-            a.arc_tenant[paths],
-            a.arc_tier[paths],
-            arc_value[paths],
-            a.quantity[a.arc_bid[paths]],
-            share[market.arc_group[paths]],
-            a.n_tiers,
-            start=None if start is None else start[paths],
+        search = None
+        if searches is not None and np.array_equal(searches.get("arcs"), paths):
+            search = searches["paths"]
+        if search is None:
+            search = Paths(
+                a.arc_bid[paths],
+                a.arc_tenant[paths],
+                a.arc_tier[paths],
+                arc_value[paths],
+                a.quantity[a.arc_bid[paths]],
+                a.n_tiers,
+            )
+            if searches is not None:
+                searches.update(arcs=paths, paths=search)
+        y[paths], solved = search.solve(
+            share[market.arc_group[paths]], start=None if start is None else start[paths]
         )
         left = np.sort(np.r_[paths[~solved], many[big]])
         if left.size:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from . import eg, lp
-from .guarantee import guarantee_bundles, guarantees
+from .guarantee import guarantee_and_fair
 from .program import Skeleton, guarantee_rows, market_program, utility_rows
 from .rounding import round_whole
 from .rules import EPS, Market, Outcome, gangs_whole, open_market
@@ -201,8 +201,7 @@ def maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:
     time_limit = float(params["time_limit"])
     values = tenant_values(market, params["values"])
     v = values[a.arc_tenant, a.arc_tier]
-    g, bundle = guarantee_bundles(market, v)
-    e = guarantees(market, v, fractional=True, start=bundle)
+    g, _, e = guarantee_and_fair(market, v)
     held = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
     om = open_market(market)
     common = dict(v=v, e=e, g=g, held=held, market=market, time_limit=time_limit)

@@ -67,25 +67,54 @@ def best_bundles(
     ``arc_tenant``, ``arc_tier``, ``value`` (v_e > 0); per arc too, ``quantity`` (q of the
     arc's bid) and ``share`` (s of the arc's tenant and tier). ``start`` (per arc): a flow
     each tenant's problem begins from, optimal for shares no larger than ``share``."""
-    y = np.zeros(arc_bid.size)
-    solved = np.ones(arc_bid.size, dtype=bool)
-    if arc_bid.size == 0:
+    paths = Paths(arc_bid, arc_tenant, arc_tier, value, quantity, n_tiers)
+    return paths.solve(share, start=start)
+
+
+class Paths:
+    """The tenants' problems over given arcs and values, ready to be solved for any shares:
+    their entries and moves, each put in order by a sort, are built once, so a second solve
+    (the fractional shares after the whole ones) costs only its rounds. Arguments as
+    ``best_bundles``'s."""
+
+    def __init__(
+        self,
+        arc_bid: np.ndarray,
+        arc_tenant: np.ndarray,
+        arc_tier: np.ndarray,
+        value: np.ndarray,
+        quantity: np.ndarray,
+        n_tiers: int,
+    ) -> None:
+        self.size = arc_bid.size
+        self.blocks: list[tuple[np.ndarray, _Problem]] = []
+        if arc_bid.size == 0:
+            return
+        tenants, tenant_row = np.unique(arc_tenant, return_inverse=True)
+        per_block = max(1, CELLS // (n_tiers * n_tiers))
+        for first in range(0, tenants.size, per_block):
+            arcs = np.flatnonzero((tenant_row >= first) & (tenant_row < first + per_block))
+            problem = _Problem(
+                bid=arc_bid[arcs],
+                tenant=tenant_row[arcs] - first,
+                tier=arc_tier[arcs],
+                value=value[arcs].astype(float),
+                quantity=quantity[arcs].astype(float),
+                n_tiers=n_tiers,
+            )
+            self.blocks.append((arcs, problem))
+
+    def solve(
+        self, share: np.ndarray, *, start: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(y, solved) as ``best_bundles``'s, for ``share`` (per arc) and ``start``."""
+        y = np.zeros(self.size)
+        solved = np.ones(self.size, dtype=bool)
+        for arcs, problem in self.blocks:
+            y[arcs], solved[arcs] = problem.solve(
+                share[arcs].astype(float), None if start is None else start[arcs]
+            )
         return y, solved
-    tenants, tenant_row = np.unique(arc_tenant, return_inverse=True)
-    per_block = max(1, CELLS // (n_tiers * n_tiers))
-    for first in range(0, tenants.size, per_block):
-        arcs = np.flatnonzero((tenant_row >= first) & (tenant_row < first + per_block))
-        problem = _Problem(
-            bid=arc_bid[arcs],
-            tenant=tenant_row[arcs] - first,
-            tier=arc_tier[arcs],
-            value=value[arcs].astype(float),
-            quantity=quantity[arcs].astype(float),
-            share=share[arcs].astype(float),
-            n_tiers=n_tiers,
-        )
-        y[arcs], solved[arcs] = problem.solve(None if start is None else start[arcs])
-    return y, solved
 
 
 class _Problem:
@@ -99,7 +128,6 @@ class _Problem:
         tier: np.ndarray,
         value: np.ndarray,
         quantity: np.ndarray,
-        share: np.ndarray,
         n_tiers: int,
     ) -> None:
         T = n_tiers
@@ -110,10 +138,7 @@ class _Problem:
         self.quantity = quantity[new_bid]
         self.tenant, self.tier, self.value = tenant, tier, value
         self.cell = tenant * T + tier
-        self.share = np.zeros(self.n * T)
-        self.share[self.cell] = share
         self.tol = 1e-9 * (1.0 + float(np.abs(value).max()))
-        self.room_tol = 1e-9 * (1.0 + float(max(quantity.max(), share.max())))
         # Entries: a cell's arcs, best value first, then bid id (arcs are in bid order).
         self.entry = _order(self.cell, value, np.arange(value.size))
         # Moves: every ordered pair of a bid's arcs, per (tenant, from, to) best gain first.
@@ -130,11 +155,17 @@ class _Problem:
         order = _order(self.cell[move_from] * T + tier[move_to], gain, move_from)
         self.move_from, self.move_to, self.move_gain = move_from[order], move_to[order], gain[order]
 
-    def solve(self, start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def solve(
+        self, arc_share: np.ndarray, start: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         T = self.T
+        share = np.zeros(self.n * T)
+        share[self.cell] = arc_share
+        self.share = share
+        self.room_tol = 1e-9 * (1.0 + float(max(self.quantity.max(), arc_share.max())))
         y = np.zeros(self.value.size) if start is None else start.astype(float)
         bid_room = self.quantity - np.bincount(self.bid_row, y, self.quantity.size)
-        cell_room = self.share - np.bincount(self.cell, y, self.share.size)
+        cell_room = share - np.bincount(self.cell, y, share.size)
         live = np.ones(self.n, dtype=bool)
         failed = np.zeros(self.n, dtype=bool)
         view = _View.of(self, live)

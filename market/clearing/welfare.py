@@ -32,7 +32,7 @@ import numpy as np
 
 from .colgen import WelfareSolution, solve_welfare
 from .flow import WelfareNetwork, welfare_flow
-from .guarantee import guarantee_bundles, guarantees
+from .guarantee import guarantee_and_fair
 from .metrics import value_matrix
 from .prices import least_duals, minimal_prices
 from .program import guarantee_rows, market_program, residual
@@ -63,7 +63,7 @@ def welfare(market: Market, params: Mapping[str, Any]) -> Outcome:
     N = a.n_tenants
     time_limit = float(params["time_limit"])
     surplus = a.arc_price - a.reserve[a.arc_tier]
-    g, bundle = guarantee_bundles(market, a.arc_price)
+    g, bundle, fair = guarantee_and_fair(market, a.arc_price)
     full = open_market(market, arc_price=surplus)
     held = np.bincount(a.arc_tenant, weights=a.arc_price * market.floor_x, minlength=N)
     status, seconds = "optimal", 0.0
@@ -97,9 +97,7 @@ def welfare(market: Market, params: Mapping[str, Any]) -> Outcome:
         values=value_matrix(market),
         arc_value=a.arc_price,
         guarantee=g,
-        fair=g
-        if market.divisible
-        else guarantees(market, a.arc_price, fractional=True, start=bundle),
+        fair=fair,
     )
 
 

@@ -235,16 +235,16 @@ def test_guarantee_paths_and_big_tenants_match_the_transport_lps(inst, fractiona
     market = build_market(a, divisible=divisible)
 
     g_paths, y_paths = guarantee.guarantee_bundles(market, a.arc_price, fractional=fractional)
-    saved = guarantee.best_bundles
+    saved = guarantee.Paths.solve
 
-    def unsolved(arc_bid, *args, **kwargs):  # every tenant left to the LP
-        return np.zeros(arc_bid.size), np.zeros(arc_bid.size, dtype=bool)
+    def unsolved(self, share, *, start=None):  # every tenant left to the LP
+        return np.zeros(self.size), np.zeros(self.size, dtype=bool)
 
-    guarantee.best_bundles = unsolved
+    guarantee.Paths.solve = unsolved
     try:
         g_lp, _ = guarantee.guarantee_bundles(market, a.arc_price, fractional=fractional)
     finally:
-        guarantee.best_bundles = saved
+        guarantee.Paths.solve = saved
 
     # A tenant of more than BIG_TENANT_BIDS bids goes to the LP directly; at 1, every tenant
     # of two bids or more does.
