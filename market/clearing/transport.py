@@ -292,28 +292,22 @@ class _Segments:
     """Items sorted by key, best first within a key: ``best`` picks each key's first usable
     item."""
 
-    key: np.ndarray  # (K,) distinct keys
-    starts: np.ndarray  # (K,) first item of each key
+    key: np.ndarray  # (I,) each item's key, ascending
     gain: np.ndarray  # (I,)
     item: np.ndarray  # (I,)
 
-    @classmethod
-    def of(cls, key: np.ndarray, gain: np.ndarray, item: np.ndarray) -> _Segments:
-        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else key
-        return cls(key=key[starts], starts=starts, gain=gain, item=item)
-
     def best(self, usable: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
-        """(gain, item) per key 0..n_keys-1; -inf and NONE where no item is usable."""
+        """(gain, item) per key 0..n_keys-1; -inf and NONE where no item is usable. Work in
+        the usable items only, past one scan of the mask: once the first rounds have run,
+        few bids hold GPUs, and so few moves are usable."""
         best = np.full(n_keys, -np.inf)
         pick = np.full(n_keys, NONE)
-        if self.starts.size == 0:
-            return best, pick
-        size = usable.size
-        first = np.minimum.reduceat(np.where(usable, np.arange(size), size), self.starts)
-        found = first < size
-        at = first[found]
-        best[self.key[found]] = self.gain[at]
-        pick[self.key[found]] = self.item[at]
+        at = np.flatnonzero(usable)
+        if at.size:
+            key = self.key[at]
+            first = at[np.r_[True, key[1:] != key[:-1]]]  # in key order: each key's first
+            best[self.key[first]] = self.gain[first]
+            pick[self.key[first]] = self.item[first]
         return best, pick
 
 
@@ -341,9 +335,11 @@ class _View:
         move_key = (row[p.tenant[move_from]] * T + p.tier[move_from]) * T + p.tier[move_to]
         return cls(
             tenants=tenants,
-            entries=_Segments.of(row[p.tenant[entry]] * T + p.tier[entry], p.value[entry], entry),
+            entries=_Segments(
+                key=row[p.tenant[entry]] * T + p.tier[entry], gain=p.value[entry], item=entry
+            ),
             entry_bid=p.bid_row[entry],
-            moves=_Segments.of(move_key, p.move_gain[keep], np.arange(move_from.size)),
+            moves=_Segments(key=move_key, gain=p.move_gain[keep], item=np.arange(move_from.size)),
             move_from=move_from,
             move_to=move_to,
         )
