@@ -277,3 +277,37 @@ def test_maxmin_stage_one_without_a_vertex_finds_the_same_tau(monkeypatch, seed)
     assert inside.diagnostics["min_share_ratio"] == pytest.approx(
         at_vertex.diagnostics["min_share_ratio"], rel=1e-6
     )
+
+
+@pytest.mark.parametrize("guarantee", [0.0, 0.8])
+def test_columns_left_out_from_the_start_join_when_they_price_in(monkeypatch, guarantee):
+    """A start whose duals on two tiers are far too high makes every arc on them look
+    unprofitable, so they wait outside the LP (PRICED_OUT). Without floors the LP left is
+    solved and the arcs then price in at its duals; with floors it cannot meet them, and
+    the arcs join at once. Either way the answer is the LP's optimum at a vertex, and the
+    LP is not solved again from nothing."""
+    p = _linear(2, guarantee)
+    prog, x = _lp(p)
+    c = _objective(p)
+    plain = prog.maximise([(x, c)])
+    joined, again = [], []
+    original_add, original_run = highs.highspy.Highs.addCols, highs._run
+
+    def spy_add(self, n, *args):
+        joined.append(n)
+        return original_add(self, n, *args)
+
+    def spy_run(*args, **kwargs):
+        again.append(kwargs)
+        return original_run(*args, **kwargs)
+
+    monkeypatch.setattr(highs.highspy.Highs, "addCols", spy_add)
+    monkeypatch.setattr(highs, "_run", spy_run)
+    point = eg.interior(p, time_limit=60)
+    rough = dataclasses.replace(point, pi=point.pi + np.r_[1e3, 1e3, 0, 0] * float(c.max()))
+    started = prog.maximise([(x, c)], start=_start(p, rough))
+    assert joined and sum(joined) <= p.arc_bid.size and not again
+    assert started.status == "optimal"
+    assert float(c @ started["x"]) == pytest.approx(float(c @ plain["x"]), rel=1e-9)
+    fractional = np.abs(started["x"] - np.rint(started["x"])) > 1e-7
+    assert int(fractional.sum()) <= p.capacity.size + int((p.floor > 0).sum())
