@@ -187,6 +187,12 @@ def _from_start(
     weight = np.maximum(1.0, np.abs(cost))
     out = (lower == 0.0) & (cost - A.T @ y < -PRICED_OUT * weight)
     cols = np.flatnonzero(~out)
+    # The rows the columns kept do not touch wait outside too, unless they cannot hold at 0.
+    row_lo, row_hi = np.asarray(lp.row_lower_), np.asarray(lp.row_upper_)
+    touched = np.diff(sp.csr_matrix(A[:, cols]).indptr) > 0
+    rows = np.flatnonzero(touched | (row_lo > 0) | (row_hi < 0))
+    at = np.full(A.shape[0], -1)  # each row's place in the LP solved, -1 while outside
+    at[rows] = np.arange(rows.size)
     # Crossover on its own does not start HiGHS's task scheduler, which every run starts, and
     # without it crossover crashed the process: a run of a one-column LP starts it.
     tiny = highspy.Highs()
@@ -196,11 +202,11 @@ def _from_start(
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", time_limit)
-    h.passModel(_columns(lp, A, cols))
-    sub = A[:, cols]
+    sub = A[rows][:, cols]
+    h.passModel(_part(lp, sub, rows, cols))
     point = highspy.HighsSolution()
     point.col_value, point.row_value = list(x[cols]), list(sub @ x[cols])
-    point.col_dual, point.row_dual = list(cost[cols] - sub.T @ y), list(y)
+    point.col_dual, point.row_dual = list(cost[cols] - sub.T @ y[rows]), list(y[rows])
     point.value_valid = point.dual_valid = True
     # Crossover ends with a basis even when it reports no optimum; the simplex goes on from it.
     h.crossover(point)
@@ -217,7 +223,8 @@ def _from_start(
         optimal = h.getModelStatus() == highspy.HighsModelStatus.kOptimal
         if optimal:
             sol = h.getSolution()
-            y = np.array(sol.row_dual)
+            y = np.zeros(A.shape[0])  # a row outside holds at 0 without binding: dual 0
+            y[rows] = sol.row_dual
             enter = np.flatnonzero(out & (cost - A.T @ y > DUAL_TOL * weight))
         elif out.any() and h.getModelStatus() == highspy.HighsModelStatus.kInfeasible:
             # The columns kept cannot meet the rows: every column joins, and the simplex
@@ -229,7 +236,20 @@ def _from_start(
             values = np.zeros(A.shape[1])
             values[cols] = sol.col_value
             return LpSolution(values, y, "optimal", time.perf_counter() - began)
-        more = A[:, enter]
+        more = sp.csc_matrix(A[:, enter])
+        new = np.unique(more.indices[at[more.indices] < 0])
+        if new.size:  # rows the joining columns touch come in first, empty
+            h.addRows(
+                new.size,
+                row_lo[new],
+                row_hi[new],
+                0,
+                np.zeros(new.size, dtype=np.int32),
+                np.zeros(0, dtype=np.int32),
+                np.zeros(0),
+            )
+            at[new] = rows.size + np.arange(new.size)
+            rows = np.r_[rows, new]
         h.addCols(
             enter.size,
             cost[enter],
@@ -237,24 +257,27 @@ def _from_start(
             np.asarray(lp.col_upper_)[enter],
             more.nnz,
             more.indptr[:-1].astype(np.int32),
-            more.indices.astype(np.int32),
+            at[more.indices].astype(np.int32),
             more.data,
         )
         cols, out[enter] = np.r_[cols, enter], False
     return None
 
 
-def _columns(lp: highspy.HighsLp, A: sp.csc_matrix, cols: np.ndarray) -> highspy.HighsLp:
-    """``lp`` with only the columns ``cols``, every row kept."""
-    sub = A[:, cols]
+def _part(
+    lp: highspy.HighsLp, sub: sp.spmatrix, rows: np.ndarray, cols: np.ndarray
+) -> highspy.HighsLp:
+    """``lp`` on the rows ``rows`` and the columns ``cols`` only (``sub``: that part of its
+    matrix)."""
+    sub = sp.csc_matrix(sub)
     out = highspy.HighsLp()
-    out.num_col_, out.num_row_ = cols.size, A.shape[0]
+    out.num_col_, out.num_row_ = cols.size, rows.size
     out.sense_ = lp.sense_
     out.col_cost_ = np.asarray(lp.col_cost_)[cols]
     out.col_lower_ = np.asarray(lp.col_lower_)[cols]
     out.col_upper_ = np.asarray(lp.col_upper_)[cols]
-    out.row_lower_ = np.asarray(lp.row_lower_)
-    out.row_upper_ = np.asarray(lp.row_upper_)
+    out.row_lower_ = np.asarray(lp.row_lower_)[rows]
+    out.row_upper_ = np.asarray(lp.row_upper_)[rows]
     out.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     out.a_matrix_.start_ = sub.indptr
     out.a_matrix_.index_ = sub.indices

@@ -285,13 +285,19 @@ def test_columns_left_out_from_the_start_join_when_they_price_in(monkeypatch, gu
     unprofitable, so they wait outside the LP (PRICED_OUT). Without floors the LP left is
     solved and the arcs then price in at its duals; with floors it cannot meet them, and
     the arcs join at once. Either way the answer is the LP's optimum at a vertex, and the
-    LP is not solved again from nothing."""
+    LP is not solved again from nothing. The bid rows of arcs that were all left out wait
+    outside too, and come back (empty) before their arcs join."""
     p = _linear(2, guarantee)
     prog, x = _lp(p)
     c = _objective(p)
     plain = prog.maximise([(x, c)])
-    joined, again = [], []
+    joined, again, rows_back = [], [], []
     original_add, original_run = highs.highspy.Highs.addCols, highs._run
+    original_rows = highs.highspy.Highs.addRows
+
+    def spy_rows(self, n, *args):
+        rows_back.append(n)
+        return original_rows(self, n, *args)
 
     def spy_add(self, n, *args):
         joined.append(n)
@@ -303,10 +309,12 @@ def test_columns_left_out_from_the_start_join_when_they_price_in(monkeypatch, gu
 
     monkeypatch.setattr(highs.highspy.Highs, "addCols", spy_add)
     monkeypatch.setattr(highs, "_run", spy_run)
+    monkeypatch.setattr(highs.highspy.Highs, "addRows", spy_rows)
     point = eg.interior(p, time_limit=60)
     rough = dataclasses.replace(point, pi=point.pi + np.r_[1e3, 1e3, 0, 0] * float(c.max()))
     started = prog.maximise([(x, c)], start=_start(p, rough))
     assert joined and sum(joined) <= p.arc_bid.size and not again
+    assert rows_back and sum(rows_back) <= p.bid_room.size
     assert started.status == "optimal"
     assert float(c @ started["x"]) == pytest.approx(float(c @ plain["x"]), rel=1e-9)
     fractional = np.abs(started["x"] - np.rint(started["x"])) > 1e-7
