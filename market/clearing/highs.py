@@ -16,11 +16,15 @@ from .errors import SolverError
 
 IPM_ROWS = 2000  # rows above which an LP is solved by interior point + crossover
 PRIMAL_SIMPLEX = 4  # HiGHS's simplex_strategy for the primal simplex method
+# Of an LP's time limit, what a start may take (crossover and simplex); the rest is kept for
+# the LP solved whole should the start not end optimal.
+START_SHARE = 0.5
 # A start's columns whose reduced cost is below -PRICED_OUT x max(1, |cost|) wait outside the
 # LP (_from_start); one whose reduced cost at the simplex method's duals is above DUAL_TOL x
 # max(1, |cost|) joins it, for at most PRICING_ROUNDS rounds. At 1e-4 instead of 1e-2 the
 # LP left at 100k bids was infeasible (the interior point's duals are that rough).
 PRICED_OUT = 1e-2
+OUT_MASS = 1e-3  # ... and on which the start puts no more than this
 DUAL_TOL = 1e-7  # HiGHS's own dual feasibility tolerance
 PRICING_ROUNDS = 20
 
@@ -78,8 +82,8 @@ def solve(
     finds a basis and the primal simplex method ends from it (6 steps at 10k bids, about
     1,000 at 100k, on the columns the start's duals do not price out: _from_start); the
     answer is then an optimal vertex as without a start. When that does not
-    end optimal, the LP is solved again as without a start, in what is left of the time
-    limit, and its seconds count both.
+    end optimal within START_SHARE of the time limit, the LP is solved again as without a
+    start, in what is left of the time limit, and its seconds count both.
 
     ``vertex=False`` (plain LPs, for a caller that needs the optimal value and not a vertex,
     such as maxmin's stage 1, whose answer is tau*): past IPM_ROWS rows the interior point's
@@ -113,7 +117,7 @@ def solve(
         ]
     deadline = time.perf_counter() + float(time_limit)
     if start is not None and not mip:
-        found = _from_start(lp, A, start, time_limit=float(time_limit))
+        found = _from_start(lp, A, start, time_limit=START_SHARE * float(time_limit))
         if found is not None:
             return found
     began = time.perf_counter() if start is None or mip else deadline - float(time_limit)
@@ -174,8 +178,8 @@ def _from_start(
     """The LP's optimal vertex by crossover from ``start`` and the simplex method from the
     basis it gives (see ``solve``), or None when that does not end optimal.
 
-    The columns whose reduced cost at the start's duals is far below zero (PRICED_OUT) are
-    left out while it runs: at 100k bids two arcs in three, so that each simplex step costs a
+    The columns whose reduced cost at the start's duals is far below zero (PRICED_OUT) and
+    that the start barely uses (OUT_MASS) are left out while it runs: at 100k bids two arcs in three, so that each simplex step costs a
     third. Once it ends, the columns left out are priced at its duals; any that would raise
     the objective (above DUAL_TOL) join, and the simplex method goes on from its basis, until
     none does. Every column left out is then at its bound 0 with a reduced cost that does not
@@ -185,7 +189,11 @@ def _from_start(
     y = np.asarray(start[1], dtype=float)
     cost, lower = np.asarray(lp.col_cost_), np.asarray(lp.col_lower_)
     weight = np.maximum(1.0, np.abs(cost))
-    out = (lower == 0.0) & (cost - A.T @ y < -PRICED_OUT * weight)
+    # Out: a column at bound 0 that the start's duals price far out and that the start itself
+    # barely uses. (Without the second condition, a start nearer the optimum, at 3e-7 of the
+    # objective, priced out arcs carrying GPUs whose terms dwarf their value: crossover left
+    # 6,008 rows unmet and the simplex method ran out of time at 100k bids.)
+    out = (lower == 0.0) & (cost - A.T @ y < -PRICED_OUT * weight) & (x <= OUT_MASS)
     cols = np.flatnonzero(~out)
     # The rows the columns kept do not touch wait outside too, unless they cannot hold at 0.
     row_lo, row_hi = np.asarray(lp.row_lower_), np.asarray(lp.row_upper_)

@@ -281,8 +281,9 @@ def test_maxmin_stage_one_without_a_vertex_finds_the_same_tau(monkeypatch, seed)
 
 @pytest.mark.parametrize("guarantee", [0.0, 0.8])
 def test_columns_left_out_from_the_start_join_when_they_price_in(monkeypatch, guarantee):
-    """A start whose duals on two tiers are far too high makes every arc on them look
-    unprofitable, so they wait outside the LP (PRICED_OUT). Without floors the LP left is
+    """A start that puts nothing on two tiers and whose duals there are far too high makes
+    every arc on them look unprofitable and unused, so they wait outside the LP (PRICED_OUT,
+    OUT_MASS). Without floors the LP left is
     solved and the arcs then price in at its duals; with floors it cannot meet them, and
     the arcs join at once. Either way the answer is the LP's optimum at a vertex, and the
     LP is not solved again from nothing. The bid rows of arcs that were all left out wait
@@ -311,7 +312,11 @@ def test_columns_left_out_from_the_start_join_when_they_price_in(monkeypatch, gu
     monkeypatch.setattr(highs, "_run", spy_run)
     monkeypatch.setattr(highs.highspy.Highs, "addRows", spy_rows)
     point = eg.interior(p, time_limit=60)
-    rough = dataclasses.replace(point, pi=point.pi + np.r_[1e3, 1e3, 0, 0] * float(c.max()))
+    rough = dataclasses.replace(
+        point,
+        x=np.where(p.arc_tier < 2, 0.0, point.x),
+        pi=point.pi + np.r_[1e3, 1e3, 0, 0] * float(c.max()),
+    )
     started = prog.maximise([(x, c)], start=_start(p, rough))
     assert joined and sum(joined) <= p.arc_bid.size and not again
     assert rows_back and sum(rows_back) <= p.bid_room.size
@@ -319,3 +324,53 @@ def test_columns_left_out_from_the_start_join_when_they_price_in(monkeypatch, gu
     assert float(c @ started["x"]) == pytest.approx(float(c @ plain["x"]), rel=1e-9)
     fractional = np.abs(started["x"] - np.rint(started["x"])) > 1e-7
     assert int(fractional.sum()) <= p.capacity.size + int((p.floor > 0).sum())
+
+
+def test_a_column_the_start_uses_stays_in_however_its_duals_price_it(monkeypatch):
+    """The same far too high duals on two tiers, but a start that uses their arcs: none is left
+    out (a start near the optimum whose duals' terms dwarf an arc's value priced out arcs
+    carrying GPUs, and the LP left could not meet its rows), and the optimum is reached."""
+    p = _linear(2, 0.8)
+    prog, x = _lp(p)
+    c = _objective(p)
+    point = eg.interior(p, time_limit=60)
+    used = np.where(p.arc_tier < 2, np.maximum(point.x, 2 * highs.OUT_MASS), point.x)
+    rough = dataclasses.replace(point, x=used, pi=point.pi + np.r_[1e3, 1e3, 0, 0] * float(c.max()))
+    spied = []
+    original_part = highs._part
+
+    def spy_part(lp, sub, rows, cols):
+        spied.append(cols)
+        return original_part(lp, sub, rows, cols)
+
+    monkeypatch.setattr(highs, "_part", spy_part)
+    started = prog.maximise([(x, c)], start=_start(p, rough))
+    kept = spied[0]
+    assert np.isin(np.flatnonzero(p.arc_tier < 2), kept).all()
+    assert started.status == "optimal"
+    assert float(c @ started["x"]) == pytest.approx(
+        float(c @ prog.maximise([(x, c)])["x"]), rel=1e-9
+    )
+
+
+def test_a_start_that_runs_out_of_its_share_of_the_time_leaves_the_rest_to_the_lp(monkeypatch):
+    """A start that does not end optimal within START_SHARE of the time limit (here it is
+    given none) is given up, and the LP is solved whole in what is left."""
+    monkeypatch.setattr(highs, "START_SHARE", 0.0)
+    given = []
+    original = highs._from_start
+
+    def spy(*args, time_limit):
+        given.append(time_limit)
+        return original(*args, time_limit=time_limit)
+
+    monkeypatch.setattr(highs, "_from_start", spy)
+    p = _linear(1)
+    prog, x = _lp(p)
+    c = _objective(p)
+    started = prog.maximise([(x, c)], start=_start(p, eg.interior(p, time_limit=60)))
+    assert given == [0.0]
+    assert started.status == "optimal"
+    assert float(c @ started["x"]) == pytest.approx(
+        float(c @ prog.maximise([(x, c)])["x"]), rel=1e-9
+    )
