@@ -1,7 +1,7 @@
 """Fisher market: Eisenberg-Gale proportional fairness with budgets, under the guarantee.
 
 max  sum_i B_i log u_i,  u_i = h_i + sum_{e of i} v_e x_e   (h_i: value of a reserved quota)
-s.t. the market's constraints, and u_i >= g_i (the guarantee, guarantee.guarantees)
+s.t. the market's constraints, and u_i >= g_i (the guarantee, guarantee.guarantee_and_fair)
 
 B_i is the tenant's budget where one is set (credits per hour); otherwise the market's money,
 M = what every bid could pay at most, shared in proportion to the weights. A tenant with

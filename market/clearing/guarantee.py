@@ -20,24 +20,13 @@ CHUNK_ARCS = 2000  # arcs per transport LP (the fallback)
 BIG_TENANT_BIDS = 2_000
 
 
-def guarantees(
-    market: Market,
-    arc_value: np.ndarray,
-    *,
-    fractional: bool = False,
-    start: np.ndarray | None = None,
-) -> np.ndarray:
-    """g_i (N,): see ``guarantee_bundles``."""
-    return guarantee_bundles(market, arc_value, fractional=fractional, start=start)[0]
-
-
 def guarantee_and_fair(
     market: Market, arc_value: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(g, y, fair): ``guarantee_bundles``'s guarantee and bundle, and the fractional-share
-    normaliser (``guarantees(fractional=True)`` begun from that bundle; g itself in divisible
-    mode). When both problems have the same arcs (every share of a tier a tenant bids on is
-    at least one GPU), the path search is built once for both."""
+    normaliser (``guarantee_bundles(fractional=True)``'s value, begun from that bundle; g
+    itself in divisible mode). When both problems have the same arcs (every share of a tier
+    a tenant bids on is at least one GPU), the path search is built once for both."""
     searches: dict = {}
     g, y = _bundles(market, arc_value, fractional=False, start=None, searches=searches)
     if market.divisible:

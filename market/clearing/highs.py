@@ -179,8 +179,9 @@ def _from_start(
     basis it gives (see ``solve``), or None when that does not end optimal.
 
     The columns whose reduced cost at the start's duals is far below zero (PRICED_OUT) and
-    that the start barely uses (OUT_MASS) are left out while it runs: at 100k bids two arcs in three, so that each simplex step costs a
-    third. Once it ends, the columns left out are priced at its duals; any that would raise
+    that the start barely uses (OUT_MASS) are left out while it runs (at 100k bids two arcs
+    in three, so that each simplex step costs a third), and so are the rows they alone
+    touch. Once it ends, the columns left out are priced at its duals; any that would raise
     the objective (above DUAL_TOL) join, and the simplex method goes on from its basis, until
     none does. Every column left out is then at its bound 0 with a reduced cost that does not
     ask to enter: the answer is an optimal vertex of the whole LP."""

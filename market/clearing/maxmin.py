@@ -1,6 +1,7 @@
 """Weighted max-min fairness of normalised shares, then a Pareto fill.
 
-e_i: the value to tenant i of its weighted equal split (guarantee.guarantees, fractional shares),
+e_i: the value to tenant i of its weighted equal split (fractional shares;
+guarantee.guarantee_and_fair),
 g_i: its guarantee (the same, shares floored to whole GPUs in whole-GPU mode). u_i = sum of
 v_e x_e over its arcs, v from the tenant values (values.tenant_values).
 

@@ -161,7 +161,7 @@ class _Problem:
         T = self.T
         share = np.zeros(self.n * T)
         share[self.cell] = arc_share
-        self.share = share
+        self.share = share  # this solve's shares and room tolerance, which _push reads too
         self.room_tol = 1e-9 * (1.0 + float(max(self.quantity.max(), arc_share.max())))
         y = np.zeros(self.value.size) if start is None else start.astype(float)
         bid_room = self.quantity - np.bincount(self.bid_row, y, self.quantity.size)
