@@ -97,18 +97,7 @@ def solve(
         if np.any(np.asarray(row_lo) > 0) or np.any(np.asarray(row_hi) < 0):
             raise SolverError(f"{what}: the solver stopped with status 'Infeasible'")
         return LpSolution(np.zeros(0), np.zeros(A.shape[0]), "optimal", 0.0)
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = A.shape[1], A.shape[0]
-    lp.sense_ = highspy.ObjSense.kMaximize
-    lp.col_cost_ = np.asarray(cost, dtype=float)
-    lp.col_lower_ = np.asarray(col_lo, dtype=float)
-    lp.col_upper_ = np.asarray(col_hi, dtype=float)
-    lp.row_lower_ = np.asarray(row_lo, dtype=float)
-    lp.row_upper_ = np.asarray(row_hi, dtype=float)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = A.indptr
-    lp.a_matrix_.index_ = A.indices
-    lp.a_matrix_.value_ = A.data
+    lp = _model(cost, A, row_lo, row_hi, col_lo, col_hi)
     mip = integer is not None and bool(np.any(integer))
     if mip:
         lp.integrality_ = [
@@ -278,17 +267,29 @@ def _part(
 ) -> highspy.HighsLp:
     """``lp`` on the rows ``rows`` and the columns ``cols`` only (``sub``: that part of its
     matrix)."""
-    sub = sp.csc_matrix(sub)
-    out = highspy.HighsLp()
-    out.num_col_, out.num_row_ = cols.size, rows.size
-    out.sense_ = lp.sense_
-    out.col_cost_ = np.asarray(lp.col_cost_)[cols]
-    out.col_lower_ = np.asarray(lp.col_lower_)[cols]
-    out.col_upper_ = np.asarray(lp.col_upper_)[cols]
-    out.row_lower_ = np.asarray(lp.row_lower_)[rows]
-    out.row_upper_ = np.asarray(lp.row_upper_)[rows]
-    out.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    out.a_matrix_.start_ = sub.indptr
-    out.a_matrix_.index_ = sub.indices
-    out.a_matrix_.value_ = sub.data
-    return out
+    return _model(
+        np.asarray(lp.col_cost_)[cols],
+        sp.csc_matrix(sub),
+        np.asarray(lp.row_lower_)[rows],
+        np.asarray(lp.row_upper_)[rows],
+        np.asarray(lp.col_lower_)[cols],
+        np.asarray(lp.col_upper_)[cols],
+    )
+
+
+def _model(cost, A: sp.csc_matrix, row_lo, row_hi, col_lo, col_hi) -> highspy.HighsLp:
+    """The maximisation of cost @ x, row_lo <= A x <= row_hi, col_lo <= x <= col_hi, as
+    HiGHS takes it."""
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = A.shape[1], A.shape[0]
+    lp.sense_ = highspy.ObjSense.kMaximize
+    lp.col_cost_ = np.asarray(cost, dtype=float)
+    lp.col_lower_ = np.asarray(col_lo, dtype=float)
+    lp.col_upper_ = np.asarray(col_hi, dtype=float)
+    lp.row_lower_ = np.asarray(row_lo, dtype=float)
+    lp.row_upper_ = np.asarray(row_hi, dtype=float)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = A.indptr
+    lp.a_matrix_.index_ = A.indices
+    lp.a_matrix_.value_ = A.data
+    return lp
