@@ -82,7 +82,7 @@ class Program:
     held: np.ndarray  # (n,) value already held (reserved quotas)
     floor: np.ndarray  # (n,) guaranteed value, 0 where nothing is left to guarantee
     capacity: np.ndarray  # (T,) GPUs
-    # True: the linear objective sum_i w_i u_i instead (maxmin's stage 2, for ``support``).
+    # True: the linear objective sum_i w_i u_i instead (maxmin's stage 2, for ``interior``).
     linear: bool = False
 
     @property

@@ -7,6 +7,8 @@ per-arc values, of its best bundle within those shares and its non-gang demand.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from . import lp
@@ -27,11 +29,10 @@ def guarantee_and_fair(
     normaliser (``guarantee_bundles(fractional=True)``'s value, begun from that bundle; g
     itself in divisible mode). When both problems have the same arcs (every share of a tier
     a tenant bids on is at least one GPU), the path search is built once for both."""
-    searches: dict = {}
-    g, y = _bundles(market, arc_value, fractional=False, start=None, searches=searches)
+    g, y, search = _bundles(market, arc_value, fractional=False, start=None, search=None)
     if market.divisible:
         return g, y, g
-    fair, _ = _bundles(market, arc_value, fractional=True, start=y, searches=searches)
+    fair, _, _ = _bundles(market, arc_value, fractional=True, start=y, search=search)
     return g, y, fair
 
 
@@ -56,7 +57,16 @@ def guarantee_bundles(
     values for shares no larger (the whole-share bundles, for the fractional normaliser),
     from which the path search begins instead of from nothing.
     """
-    return _bundles(market, arc_value, fractional=fractional, start=start, searches=None)
+    g, y, _ = _bundles(market, arc_value, fractional=fractional, start=start, search=None)
+    return g, y
+
+
+@dataclass(frozen=True)
+class _Search:
+    """A path search (transport.Paths) and the arcs it was built on."""
+
+    arcs: np.ndarray
+    paths: Paths
 
 
 def _bundles(
@@ -65,16 +75,16 @@ def _bundles(
     *,
     fractional: bool,
     start: np.ndarray | None,
-    searches: dict | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``guarantee_bundles``; ``searches``: the path search built by an earlier call on the
-    same values (its arcs under "arcs", itself under "paths"), used again when this call's
-    arcs are the same, and where this one's is kept."""
+    search: _Search | None,
+) -> tuple[np.ndarray, np.ndarray, _Search | None]:
+    """``guarantee_bundles``, and the path search it used (None if none); ``search``: one
+    built by an earlier call on the same values, used again when this call's arcs are the
+    same."""
     a = market.arrays
     N = a.n_tenants
     if market.quotas_set:
         held = np.bincount(a.arc_tenant, weights=arc_value * market.floor_x, minlength=N)
-        return held, market.floor_x.copy()
+        return held, market.floor_x.copy(), None
     share = whole(market.group_share, market.divisible or fractional)
     ok = ~market.is_gang[a.arc_bid] & (arc_value > 0) & (share[market.arc_group] > 0)
     eligible = np.flatnonzero(ok)
@@ -95,11 +105,8 @@ def _bundles(
     if many.size:
         big = per_tenant[a.arc_tenant[many]] > BIG_TENANT_BIDS
         paths = many[~big]
-        search = None
-        if searches is not None and np.array_equal(searches.get("arcs"), paths):
-            search = searches["paths"]
-        if search is None:
-            search = Paths(
+        if search is None or not np.array_equal(search.arcs, paths):
+            built = Paths(
                 a.arc_bid[paths],
                 a.arc_tenant[paths],
                 a.arc_tier[paths],
@@ -107,9 +114,8 @@ def _bundles(
                 a.quantity[a.arc_bid[paths]],
                 a.n_tiers,
             )
-            if searches is not None:
-                searches.update(arcs=paths, paths=search)
-        y[paths], solved = search.solve(
+            search = _Search(arcs=paths, paths=built)
+        y[paths], solved = search.paths.solve(
             share[market.arc_group[paths]], start=None if start is None else start[paths]
         )
         left = np.sort(np.r_[paths[~solved], many[big]])
@@ -119,7 +125,7 @@ def _bundles(
         if not (market.divisible or fractional):
             y[many] = np.rint(y[many])  # each problem is a network: its vertex is whole
         np.add.at(g, a.arc_tenant[many], arc_value[many] * y[many])
-    return g, y
+    return g, y, search
 
 
 def _chunks(arcs: np.ndarray, tenant_of: np.ndarray) -> list[np.ndarray]:

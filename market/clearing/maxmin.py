@@ -76,7 +76,7 @@ def _stages(
                 return np.zeros(sk.cols.size), 0.0, "fallback", seconds
             status = first.status
             tau_star = float(first["tau"][0])
-        p.bounds(tau, lo=max(0.0, tau_star - 1e-7 * max(1.0, tau_star)))
+        p.bounds(tau, lo=_tau_floor(tau_star))
     start, began = None, time.perf_counter()
     if relax or market.divisible:
         start = _interior_start(
@@ -86,7 +86,7 @@ def _stages(
             e=e,
             g=g,
             held=held,
-            tau=max(0.0, tau_star - 1e-7 * max(1.0, tau_star)),
+            tau=_tau_floor(tau_star),
             time_limit=time_limit,
         )
     spent = time.perf_counter() - began
@@ -99,6 +99,11 @@ def _stages(
     if second.status != "optimal":
         status = second.status
     return np.clip(second["x"], 0.0, None), tau_star, status, seconds
+
+
+def _tau_floor(tau_star: float) -> float:
+    """The bound stage 2 keeps tau at: tau* less 1e-7 of it, for the solver's tolerance."""
+    return max(0.0, tau_star - 1e-7 * max(1.0, tau_star))
 
 
 def _interior_start(

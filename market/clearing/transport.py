@@ -161,8 +161,7 @@ class _Problem:
         T = self.T
         share = np.zeros(self.n * T)
         share[self.cell] = arc_share
-        self.share = share  # this solve's shares and room tolerance, which _push reads too
-        self.room_tol = 1e-9 * (1.0 + float(max(self.quantity.max(), arc_share.max())))
+        room_tol = 1e-9 * (1.0 + float(max(self.quantity.max(), arc_share.max())))
         y = np.zeros(self.value.size) if start is None else start.astype(float)
         bid_room = self.quantity - np.bincount(self.bid_row, y, self.quantity.size)
         cell_room = share - np.bincount(self.cell, y, share.size)
@@ -171,10 +170,8 @@ class _Problem:
         view = _View.of(self, live)
         for _ in range(ROUND_LIMIT):
             n = view.tenants.size
-            enter_gain, enter_arc = view.entries.best(
-                bid_room[view.entry_bid] > self.room_tol, n * T
-            )
-            moves, move_pick = view.moves.best(y[view.move_from] > self.room_tol, n * T * T)
+            enter_gain, enter_arc = view.entries.best(bid_room[view.entry_bid] > room_tol, n * T)
+            moves, move_pick = view.moves.best(y[view.move_from] > room_tol, n * T * T)
             # Longest entry-to-tier paths by Bellman-Ford; came_from: the tier before, or NONE.
             label = enter_gain.reshape(n, T)
             moves = moves.reshape(n, T, T)
@@ -182,7 +179,7 @@ class _Problem:
             if start is not None:
                 # Freeing a GPU of a used tier gains nothing; an entry, where there is one, more.
                 used = cell_room[view.tenants[:, None] * T + np.arange(T)] < (
-                    self.share[view.tenants[:, None] * T + np.arange(T)] - self.room_tol
+                    share[view.tenants[:, None] * T + np.arange(T)] - room_tol
                 )
                 freed = used & (label < 0.0)
                 label = np.where(freed, 0.0, label)
@@ -204,7 +201,7 @@ class _Problem:
                 )
                 label[rows] = np.where(better, best, label[rows])
                 came_from[rows] = np.where(better, via, came_from[rows])
-            open_cell = cell_room[view.tenants[:, None] * T + np.arange(T)] > self.room_tol
+            open_cell = cell_room[view.tenants[:, None] * T + np.arange(T)] > room_tol
             exit_label = np.where(open_cell & live[view.tenants][:, None], label, -np.inf)
             end = exit_label.argmax(axis=1)
             going = exit_label[np.arange(n), end] > self.tol
@@ -214,6 +211,7 @@ class _Problem:
                 break
             self._push(
                 y,
+                share,
                 rows,
                 end[rows],
                 view,
@@ -230,7 +228,19 @@ class _Problem:
         return y, ~(live | failed)[self.tenant]
 
     def _push(
-        self, y, rows, end, view, came_from, enter_arc, move_pick, bid_room, cell_room, live, failed
+        self,
+        y,
+        share,
+        rows,
+        end,
+        view,
+        came_from,
+        enter_arc,
+        move_pick,
+        bid_room,
+        cell_room,
+        live,
+        failed,
     ) -> None:
         """Push as much as each row's path allows along it."""
         T = self.T
@@ -252,7 +262,7 @@ class _Problem:
             freed = prev == FREED
             cell = tenants[row[freed]] * T + tier[freed]
             freed_cell[at[freed]] = cell
-            amount[at[freed]] = np.minimum(amount[at[freed]], self.share[cell] - cell_room[cell])
+            amount[at[freed]] = np.minimum(amount[at[freed]], share[cell] - cell_room[cell])
             moving = ~(entered | freed)
             at, row, tier, prev = at[moving], row[moving], tier[moving], prev[moving]
             if at.size == 0:

@@ -13,7 +13,7 @@ import pytest
 
 from market.clearing import Bid, Instance, Tenant, Tier, clear, eg, fisher, highs, lp, maxmin
 
-from .test_eg import _instance, _program
+from .test_eg import _holds, _instance, _program
 
 
 def _linear(seed: int, guarantee: float = 0.8) -> eg.Program:
@@ -183,19 +183,6 @@ def test_equal_splits_that_leave_no_interior_clear_through_the_interior_point(
     assert [a.gpus for a in result.allocations] == pytest.approx([1.0, 1.0, 1.0], abs=1e-6)
 
 
-def _rows_met(p: eg.Program, x: np.ndarray) -> bool:
-    tiers = np.bincount(p.arc_tier, weights=x, minlength=p.capacity.size)
-    bids = np.bincount(p.arc_bid, weights=x, minlength=p.bid_room.size)
-    u = p.held + np.bincount(p.bid_buyer[p.arc_bid], weights=p.value * x, minlength=p.floor.size)
-    need = p.floor > 0
-    return bool(
-        (x >= -1e-9).all()
-        and (tiers <= p.capacity + 1e-6).all()
-        and (bids <= p.bid_room + 1e-6).all()
-        and (u[need] >= p.floor[need] - 1e-6).all()
-    )
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_an_answer_without_a_vertex_has_the_optimal_value(monkeypatch, seed):
     """vertex=False on an LP past IPM_ROWS (lowered to take this one): the interior point's
@@ -210,7 +197,8 @@ def test_an_answer_without_a_vertex_has_the_optimal_value(monkeypatch, seed):
     inside = prog.maximise([(x, c)], vertex=False)
     assert inside.status == "optimal"
     assert float(c @ inside["x"]) == pytest.approx(float(c @ at_vertex["x"]), rel=1e-7)
-    assert _rows_met(p, inside["x"]) and _rows_met(p, at_vertex["x"])
+    _holds(p, inside["x"], tol=1e-6)
+    _holds(p, at_vertex["x"], tol=1e-6)
     basis = p.capacity.size + int((p.floor > 0).sum())  # rows besides the bids'
 
     def fractional(y):
