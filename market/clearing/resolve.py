@@ -1,0 +1,128 @@
+"""The open-market welfare flow solved again once its rooms were lowered: only the bids the
+change can move are solved, and the prices they end at prove the rest did not have to.
+
+Welfare's bundle passes (welfare.py) solve one market after another, each with the same arcs
+and profits as the one before and rooms no larger (a few tenants' bundles taken out). The
+tier prices barely move between passes (at 100k bids of the benchmark, by one credit on some
+tiers after the first pass and not at all after the third), so most bids stay where they
+were: a bid that got its whole room on a tier it strictly prefers, at the last prices, to
+every other tier and to nothing, and a bid that preferred nothing. Those bids are held (the
+winners' GPUs leave their tiers' rooms) and the rest is solved as a min-cost flow, about a
+tenth of the bids.
+
+The held bids' choices are then checked at the least prices of the part solved: a winner's
+tier must still be among its best and pay, and a loser must still want nothing. Those
+prices, with each bid's best surplus as its own dual, then meet every dual constraint of the
+whole market and complementary slackness with the allocation put together, so that
+allocation is optimal for the whole market, as a flow of all of it would be (ties may fall
+otherwise; equal limits still go to the earlier bid, ``fill_by_id``). A held bid that fails
+the check joins the part solved, and so does a winner on a tier its held GPUs would
+overfill; after NEAR_ROUNDS such checks, or once the part reaches NEAR_SHARE of the bids, the
+whole market is solved instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .flow import WelfareNetwork, fill_by_id, welfare_flow, whole_numbers
+from .prices import minimal_prices
+from .rules import EPS, OpenMarket
+
+NEAR_ROUNDS = 4  # checks of the held bids before the whole market is solved instead
+NEAR_SHARE = 0.5  # of the bids with room: a part this large is solved whole instead
+
+
+def welfare_flow_near(
+    network: WelfareNetwork, m: OpenMarket, before: OpenMarket, x_before: np.ndarray
+) -> np.ndarray | None:
+    """GPUs per arc (E,) of a maximum-profit allocation of ``m``, a market left from
+    ``before`` (the same arcs and profits, no room larger), given ``x_before``, a whole
+    optimal allocation of ``before``; ``network``: the flow network of the market both are
+    left from (``network.solve(m)`` gives the same profit). None when ``m``'s rooms are not
+    whole (the caller solves its LP)."""
+    if any(whole_numbers(r) is None for r in (m.bid_room, m.tier_room, m.group_room)):
+        return None
+    B = m.bid_room.size
+    tol = 1e-7 * (1.0 + float(np.abs(m.arc_price).max(initial=0.0)))
+    surplus = before.arc_price - minimal_prices(before, x_before)[before.arc_tier]
+    best = _per_bid_max(surplus, m.arc_bid, B)
+    at_best = surplus >= best[m.arc_bid] - tol
+    second = _per_bid_max(np.where(at_best, -np.inf, surplus), m.arc_bid, B)
+    used = x_before > EPS
+    flow = np.bincount(m.arc_bid, weights=x_before, minlength=B)
+    capped = np.bincount(m.arc_bid, weights=m.arc_capped >= 0, minlength=B) > 0
+    live = m.bid_room > EPS
+    unchanged = live & ~capped & (m.bid_room == before.bid_room)
+    # Winners: the whole room on one arc, their one best, paying; losers: nothing wanted.
+    win_arc = np.flatnonzero(used & at_best & (surplus > tol))
+    win_arc = win_arc[np.abs(x_before[win_arc] - m.bid_room[m.arc_bid[win_arc]]) <= EPS]
+    held_win = np.zeros(B, dtype=bool)
+    held_win[m.arc_bid[win_arc]] = True
+    held_win &= unchanged & (np.bincount(m.arc_bid, weights=at_best, minlength=B) == 1)
+    held_lose = live & ~capped & (flow <= EPS) & (best < -tol)
+    margin = best - np.maximum(second, 0.0)
+    solve = live & ~held_win & ~held_lose
+    for _ in range(NEAR_ROUNDS):
+        if np.count_nonzero(solve) > NEAR_SHARE * np.count_nonzero(live):
+            break
+        won = win_arc[held_win[m.arc_bid[win_arc]]]
+        tier_room = m.tier_room - np.bincount(
+            m.arc_tier[won], weights=x_before[won], minlength=m.tier_room.size
+        )
+        if tier_room.min(initial=0.0) < -EPS:
+            released = _overfill(m, won, x_before, margin, tier_room)
+            held_win[released] = False
+            solve[released] = True
+            continue
+        part = solve[m.arc_bid]
+        sub = OpenMarket(
+            arc_bid=m.arc_bid[part],
+            arc_tier=m.arc_tier[part],
+            arc_capped=m.arc_capped[part],
+            arc_price=m.arc_price[part],
+            bid_room=np.where(solve, m.bid_room, 0.0),
+            group_room=m.group_room,
+            tier_room=tier_room,
+        )
+        x_sub = welfare_flow(sub)
+        if x_sub is None:
+            break
+        now = m.arc_price - minimal_prices(sub, x_sub)[m.arc_tier]
+        now_best = _per_bid_max(now, m.arc_bid, B)
+        kept = np.zeros(B, dtype=bool)
+        kept[m.arc_bid[won]] = (now[won] >= now_best[m.arc_bid[won]] - tol) & (now[won] >= -tol)
+        wrong = (held_win & ~kept) | (held_lose & (now_best > tol))
+        if not wrong.any():
+            x = np.zeros(m.arc_bid.size)
+            x[won] = x_before[won]
+            x[part] = x_sub
+            return fill_by_id(m, x, network.same_arcs)
+        held_win &= ~wrong
+        held_lose &= ~wrong
+        solve |= wrong
+    return network.solve(m)
+
+
+def _per_bid_max(values: np.ndarray, arc_bid: np.ndarray, n_bids: int) -> np.ndarray:
+    """The largest of ``values`` (E,) over each bid's arcs (``arc_bid`` sorted); -inf for a
+    bid without arcs."""
+    out = np.full(n_bids, -np.inf)
+    if arc_bid.size:
+        starts = np.flatnonzero(np.r_[True, arc_bid[1:] != arc_bid[:-1]])
+        out[arc_bid[starts]] = np.maximum.reduceat(values, starts)
+    return out
+
+
+def _overfill(
+    m: OpenMarket, won: np.ndarray, x: np.ndarray, margin: np.ndarray, tier_room: np.ndarray
+) -> np.ndarray:
+    """Bids (indices) of the held winners ``won`` (arcs) to solve again on each tier their
+    GPUs overfill (``tier_room`` < 0): those of least margin first, until what is left fits."""
+    over = np.maximum(-tier_room, 0.0)
+    arcs = won[over[m.arc_tier[won]] > EPS]
+    arcs = arcs[np.lexsort((margin[m.arc_bid[arcs]], m.arc_tier[arcs]))]
+    tier = m.arc_tier[arcs]
+    before = np.cumsum(x[arcs]) - x[arcs]
+    before -= before[np.searchsorted(tier, tier)]  # GPUs released before, on the same tier
+    return m.arc_bid[arcs[before < over[tier] - EPS]]

@@ -1,0 +1,148 @@
+"""The welfare flow solved again after its rooms were lowered (resolve.py): it solves only the
+bids the change can move, and its answer is as good as solving the whole market."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from market.clearing import Bid, Instance, Tenant, Tier, flow, resolve
+from market.clearing.prices import minimal_prices
+from market.clearing.rules import OpenMarket
+from tests.market.clearing.test_clearing_properties import instances
+from tests.market.clearing.test_flow import _feasible, _open
+
+
+def _lowered(om: OpenMarket, data: st.DataObject) -> OpenMarket:
+    """``om`` with some bids', tiers' and capped groups' rooms lowered (whole GPUs)."""
+
+    def cut(room: np.ndarray) -> np.ndarray:
+        drops = data.draw(st.lists(st.integers(0, 3), min_size=room.size, max_size=room.size))
+        return np.maximum(room - np.array(drops, dtype=float), 0.0)
+
+    return OpenMarket(
+        arc_bid=om.arc_bid,
+        arc_tier=om.arc_tier,
+        arc_capped=om.arc_capped,
+        arc_price=om.arc_price,
+        bid_room=cut(om.bid_room),
+        group_room=cut(om.group_room),
+        tier_room=cut(om.tier_room),
+    )
+
+
+def _solved(inst: Instance) -> tuple[OpenMarket, flow.WelfareNetwork, np.ndarray]:
+    """The instance's open market, its flow network and an optimal allocation of it."""
+    _, _, before = _open(inst)
+    network = flow.WelfareNetwork.of(before)
+    return before, network, network.solve(before)
+
+
+@settings(max_examples=200, deadline=None)
+@given(instances(gangs=False), st.data())
+def test_a_market_left_from_another_is_solved_as_well_as_from_nothing(inst, data):
+    before, network, x_before = _solved(inst)
+    m = _lowered(before, data)
+
+    with mock.patch.object(resolve, "NEAR_SHARE", 1.0):  # the parts, however small the market
+        x = resolve.welfare_flow_near(network, m, before, x_before)
+    whole = network.solve(m)
+
+    _feasible(m, x)
+    assert np.all(x == np.rint(x))
+    assert m.arc_price @ x == pytest.approx(m.arc_price @ whole, abs=1e-6)
+    np.testing.assert_allclose(minimal_prices(m, x), minimal_prices(m, whole), atol=1e-6)
+
+
+def test_only_the_bids_the_change_can_move_are_solved_and_a_held_bid_the_prices_move_joins():
+    # Before: A holds 2 GPUs, B 1. w prefers A (10) to B (8), z wants A (6), y wants B (3):
+    # all win where they are. A then loses a GPU: w, of least margin on A, is solved alone;
+    # A's price rises to 10 for w's sake, which z and y, held, cannot pay: they join, and
+    # the best market gives A to z and B to w (14 against 13 for w on A and y on B).
+    inst = Instance(
+        tiers=(Tier("A", 2), Tier("B", 1)),
+        tenants=(Tenant("T", weight=0.0),),
+        bids=(
+            Bid("w", "T", 1, {"A": 10, "B": 8}),
+            Bid("y", "T", 1, {"B": 3}),
+            Bid("z", "T", 1, {"A": 6}),
+        ),
+    )
+    before, network, x_before = _solved(inst)
+    assert x_before.tolist() == [1.0, 0.0, 1.0, 1.0]  # w on A, y on B, z on A
+    m = OpenMarket(**{**before.__dict__, "tier_room": before.tier_room - [1.0, 0.0]})
+    parts: list[np.ndarray] = []
+    solve_part = resolve.welfare_flow
+
+    def spy(sub: OpenMarket) -> np.ndarray | None:
+        parts.append(np.flatnonzero(sub.bid_room > 0))
+        return solve_part(sub)
+
+    with (
+        mock.patch.object(resolve, "NEAR_SHARE", 1.0),
+        mock.patch.object(resolve, "welfare_flow", spy),
+    ):
+        x = resolve.welfare_flow_near(network, m, before, x_before)
+
+    assert [p.tolist() for p in parts] == [[0], [0, 1, 2]]
+    assert x.tolist() == [0.0, 1.0, 0.0, 1.0]  # w on B, y out, z on A
+    assert m.arc_price @ x == m.arc_price @ network.solve(m)
+
+
+def test_a_held_winner_moves_when_another_tier_it_wants_becomes_cheaper():
+    # Before: A (2 GPUs) goes to k (12) and h (10, or 9 on B), j (3) left out: A's price 3;
+    # B (2) goes to g (5, two GPUs), f (4) left out: B's price 4. h prefers A (7 a GPU over
+    # the price) to B (5): it is held. Then g leaves: B's price falls to 0, where h gains
+    # 9 on B against 7 on A, so h is solved again, moves to B and j takes its GPU on A
+    # (h 9 + j 3 + f 4 against h 10 + f 4).
+    inst = Instance(
+        tiers=(Tier("A", 2, reserve_price=0), Tier("B", 2, reserve_price=0)),
+        tenants=(Tenant("T", weight=0.0),),
+        bids=(
+            Bid("f", "T", 1, {"B": 4}),
+            Bid("g", "T", 2, {"B": 5}),
+            Bid("h", "T", 1, {"A": 10, "B": 9}),
+            Bid("j", "T", 1, {"A": 3}),
+            Bid("k", "T", 1, {"A": 12}),
+        ),
+    )
+    before, network, x_before = _solved(inst)
+    assert x_before.tolist() == [0.0, 2.0, 1.0, 0.0, 0.0, 1.0]  # f, g, h on A, h on B, j, k
+    m = OpenMarket(**{**before.__dict__, "bid_room": before.bid_room * [1, 0, 1, 1, 1]})
+
+    with mock.patch.object(resolve, "NEAR_SHARE", 1.0):
+        x = resolve.welfare_flow_near(network, m, before, x_before)
+
+    assert x.tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert m.arc_price @ x == m.arc_price @ network.solve(m)
+
+
+def test_a_large_part_is_solved_whole():
+    inst = Instance(
+        tiers=(Tier("A", 1),),
+        tenants=(Tenant("T", weight=0.0),),
+        bids=(Bid("w", "T", 1, {"A": 10}), Bid("z", "T", 1, {"A": 6})),
+    )
+    before, network, x_before = _solved(inst)
+    m = OpenMarket(**{**before.__dict__, "bid_room": np.array([0.0, 1.0])})  # w gone
+
+    with mock.patch.object(resolve, "welfare_flow", side_effect=AssertionError("a part")):
+        x = resolve.welfare_flow_near(network, m, before, x_before)
+
+    assert x.tolist() == [0.0, 1.0]
+
+
+def test_rooms_that_are_not_whole_are_left_to_the_lp():
+    inst = Instance(
+        tiers=(Tier("A", 2),),
+        tenants=(Tenant("T", weight=0.0),),
+        bids=(Bid("w", "T", 2, {"A": 10}),),
+    )
+    before, network, x_before = _solved(inst)
+    m = OpenMarket(**{**before.__dict__, "tier_room": np.array([1.5])})
+
+    assert resolve.welfare_flow_near(network, m, before, x_before) is None
