@@ -34,18 +34,27 @@ NEAR_SHARE = 0.5  # of the bids with room: a part this large is solved whole ins
 
 
 def welfare_flow_near(
-    network: WelfareNetwork, m: OpenMarket, before: OpenMarket, x_before: np.ndarray
-) -> np.ndarray | None:
-    """GPUs per arc (E,) of a maximum-profit allocation of ``m``, a market left from
-    ``before`` (the same arcs and profits, no room larger), given ``x_before``, a whole
-    optimal allocation of ``before``; ``network``: the flow network of the market both are
-    left from (``network.solve(m)`` gives the same profit). None when ``m``'s rooms are not
-    whole (the caller solves its LP)."""
+    network: WelfareNetwork,
+    m: OpenMarket,
+    before: OpenMarket,
+    x_before: np.ndarray,
+    prices_before: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(x, prices): GPUs per arc (E,) of a maximum-profit allocation of ``m``, a market
+    left from ``before`` (the same arcs and profits, no room larger), and tier prices (T,)
+    at which x is an equilibrium of ``m`` (the least ones of the part solved, not always
+    the least of ``m``), given ``x_before``, a whole optimal allocation of ``before``, and
+    prices at which it is an equilibrium (``prices_before``; the least ones when None);
+    ``network``: the flow network of the market both are left from (``network.solve(m)``
+    gives the same profit). None when ``m``'s rooms are not whole (the caller solves its
+    LP)."""
     if any(whole_numbers(r) is None for r in (m.bid_room, m.tier_room, m.group_room)):
         return None
+    if prices_before is None:
+        prices_before = minimal_prices(before, x_before)
     B = m.bid_room.size
     tol = 1e-7 * (1.0 + float(np.abs(m.arc_price).max(initial=0.0)))
-    surplus = before.arc_price - minimal_prices(before, x_before)[before.arc_tier]
+    surplus = before.arc_price - prices_before[before.arc_tier]
     best = _per_bid_max(surplus, m.arc_bid, B)
     at_best = surplus >= best[m.arc_bid] - tol
     second = _per_bid_max(np.where(at_best, -np.inf, surplus), m.arc_bid, B)
@@ -88,7 +97,8 @@ def welfare_flow_near(
         x_sub = welfare_flow(sub)
         if x_sub is None:
             break
-        now = m.arc_price - minimal_prices(sub, x_sub)[m.arc_tier]
+        prices = minimal_prices(sub, x_sub)
+        now = m.arc_price - prices[m.arc_tier]
         now_best = _per_bid_max(now, m.arc_bid, B)
         kept = np.zeros(B, dtype=bool)
         kept[m.arc_bid[won]] = (now[won] >= now_best[m.arc_bid[won]] - tol) & (now[won] >= -tol)
@@ -97,11 +107,12 @@ def welfare_flow_near(
             x = np.zeros(m.arc_bid.size)
             x[won] = x_before[won]
             x[part] = x_sub
-            return fill_by_id(m, x, network.same_arcs)
+            return fill_by_id(m, x, network.same_arcs), prices
         held_win &= ~wrong
         held_lose &= ~wrong
         solve |= wrong
-    return network.solve(m)
+    x = network.solve(m)
+    return None if x is None else (x, minimal_prices(m, x))
 
 
 def _per_bid_max(values: np.ndarray, arc_bid: np.ndarray, n_bids: int) -> np.ndarray:

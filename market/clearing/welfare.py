@@ -42,25 +42,31 @@ from .rules import EPS, Market, OpenMarket, Outcome, gangs_whole, open_market
 EXACT_COLUMNS = 600  # programs with a binding guarantee up to this many arcs are solved exactly
 
 
-def _open_welfare(
-    om: OpenMarket,
-    network: WelfareNetwork | None = None,
-    near: tuple[OpenMarket, np.ndarray] | None = None,
-) -> WelfareSolution:
+def _open_welfare(om: OpenMarket, network: WelfareNetwork | None = None) -> WelfareSolution:
     """The open-market welfare problem: a min-cost flow when it is a whole-number network
-    (``network``: one built before for this market or the market it was left from; ``near``:
-    that market and a whole optimal allocation of it, to solve only the bids the change can
-    move, resolve.py), else column generation over HiGHS LPs."""
+    (``network``: one built before for this market or the market it was left from), else
+    column generation over HiGHS LPs."""
     start = time.perf_counter()
-    if network is None:
-        x = welfare_flow(om)
-    elif near is None:
-        x = network.solve(om)
-    else:
-        x = welfare_flow_near(network, om, *near)
+    x = welfare_flow(om) if network is None else network.solve(om)
     if x is None:
         return solve_welfare(om)
     return WelfareSolution(x, time.perf_counter() - start, 0)
+
+
+def _open_welfare_near(
+    om: OpenMarket,
+    network: WelfareNetwork | None,
+    last: tuple[OpenMarket, np.ndarray, np.ndarray | None],
+) -> tuple[WelfareSolution, np.ndarray | None]:
+    """``_open_welfare`` of a market left from ``last`` (the market before, a whole optimal
+    allocation of it, prices at which that is an equilibrium or None), solved on the bids
+    the change can move (resolve.py); and prices at which its allocation is an equilibrium
+    (None when it was not solved that way)."""
+    start = time.perf_counter()
+    near = None if network is None else welfare_flow_near(network, om, *last)
+    if near is None:
+        return _open_welfare(om, network), None
+    return WelfareSolution(near[0], time.perf_counter() - start, 0), near[1]
 
 
 def _without(om: OpenMarket, fixed: np.ndarray, market: Market) -> OpenMarket:
@@ -179,17 +185,17 @@ def _bundles_first(
     seconds = 0.0
     # Each pass's market is left from the one before (more bundles out): the flow solves
     # only the bids that change can move.
-    last = (om, x0)
+    last: tuple[OpenMarket, np.ndarray, np.ndarray | None] = (om, x0, None)
     for _ in range(N):
         fixed = np.where(need[a.arc_tenant], bundle, 0.0)
         rest = residual(om, fixed)
         if min(rest.tier_room.min(initial=0.0), rest.group_room.min(initial=0.0)) < -EPS:
             return None
         rest = replace(rest, tier_room=np.maximum(rest.tier_room, 0.0))
-        sol = _open_welfare(rest, network, last)
+        sol, prices = _open_welfare_near(rest, network, last)
         seconds += sol.seconds
         free = sol.x if market.divisible else np.rint(sol.x)
-        last = (rest, free)
+        last = (rest, free, prices)
         x = fixed + free
         utility = np.bincount(a.arc_tenant, weights=a.arc_price * x, minlength=N)
         short = (utility < target - tol) & ~need

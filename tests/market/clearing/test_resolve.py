@@ -42,20 +42,44 @@ def _solved(inst: Instance) -> tuple[OpenMarket, flow.WelfareNetwork, np.ndarray
     return before, network, network.solve(before)
 
 
+def _equilibrium(m: OpenMarket, x: np.ndarray, prices: np.ndarray) -> None:
+    """At ``prices`` every bid without a share cap gets GPUs only on its best arcs, all it
+    asks when those pay, none when nothing does; a tier with a price is full."""
+    tol = 1e-6
+    surplus = m.arc_price - prices[m.arc_tier]
+    B = m.bid_room.size
+    best = np.full(B, -np.inf)
+    np.maximum.at(best, m.arc_bid, surplus)
+    got = np.bincount(m.arc_bid, weights=x, minlength=B)
+    free = ~(np.bincount(m.arc_bid, weights=m.arc_capped >= 0, minlength=B) > 0)
+    on = (x > 0) & free[m.arc_bid]
+    assert np.all(surplus[on] >= np.maximum(best[m.arc_bid[on]], 0.0) - tol)
+    assert np.all(got[free & (best > tol)] == m.bid_room[free & (best > tol)])
+    used = np.bincount(m.arc_tier, weights=x, minlength=m.tier_room.size)
+    assert np.all(used[prices > tol] == m.tier_room[prices > tol])
+    assert np.all(prices >= 0.0)
+
+
 @settings(max_examples=200, deadline=None)
 @given(instances(gangs=False), st.data())
 def test_a_market_left_from_another_is_solved_as_well_as_from_nothing(inst, data):
-    before, network, x_before = _solved(inst)
-    m = _lowered(before, data)
+    # Twice: from the least prices of the first market, then from the prices the first
+    # solve gives back, as the bundle passes chain them.
+    market, network, x_market = _solved(inst)
+    prices_market = None
+    for _ in range(2):
+        m = _lowered(market, data)
 
-    with mock.patch.object(resolve, "NEAR_SHARE", 1.0):  # the parts, however small the market
-        x = resolve.welfare_flow_near(network, m, before, x_before)
-    whole = network.solve(m)
+        with mock.patch.object(resolve, "NEAR_SHARE", 1.0):  # the parts, however small
+            x, prices = resolve.welfare_flow_near(network, m, market, x_market, prices_market)
+        whole = network.solve(m)
 
-    _feasible(m, x)
-    assert np.all(x == np.rint(x))
-    assert m.arc_price @ x == pytest.approx(m.arc_price @ whole, abs=1e-6)
-    np.testing.assert_allclose(minimal_prices(m, x), minimal_prices(m, whole), atol=1e-6)
+        _feasible(m, x)
+        assert np.all(x == np.rint(x))
+        assert m.arc_price @ x == pytest.approx(m.arc_price @ whole, abs=1e-6)
+        np.testing.assert_allclose(minimal_prices(m, x), minimal_prices(m, whole), atol=1e-6)
+        _equilibrium(m, x, prices)
+        market, x_market, prices_market = m, x, prices
 
 
 def test_only_the_bids_the_change_can_move_are_solved_and_a_held_bid_the_prices_move_joins():
@@ -86,7 +110,7 @@ def test_only_the_bids_the_change_can_move_are_solved_and_a_held_bid_the_prices_
         mock.patch.object(resolve, "NEAR_SHARE", 1.0),
         mock.patch.object(resolve, "welfare_flow", spy),
     ):
-        x = resolve.welfare_flow_near(network, m, before, x_before)
+        x, prices = resolve.welfare_flow_near(network, m, before, x_before)
 
     assert [p.tolist() for p in parts] == [[0], [0, 1, 2]]
     assert x.tolist() == [0.0, 1.0, 0.0, 1.0]  # w on B, y out, z on A
@@ -115,7 +139,7 @@ def test_a_held_winner_moves_when_another_tier_it_wants_becomes_cheaper():
     m = OpenMarket(**{**before.__dict__, "bid_room": before.bid_room * [1, 0, 1, 1, 1]})
 
     with mock.patch.object(resolve, "NEAR_SHARE", 1.0):
-        x = resolve.welfare_flow_near(network, m, before, x_before)
+        x, prices = resolve.welfare_flow_near(network, m, before, x_before)
 
     assert x.tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
     assert m.arc_price @ x == m.arc_price @ network.solve(m)
@@ -131,7 +155,7 @@ def test_a_large_part_is_solved_whole():
     m = OpenMarket(**{**before.__dict__, "bid_room": np.array([0.0, 1.0])})  # w gone
 
     with mock.patch.object(resolve, "welfare_flow", side_effect=AssertionError("a part")):
-        x = resolve.welfare_flow_near(network, m, before, x_before)
+        x, prices = resolve.welfare_flow_near(network, m, before, x_before)
 
     assert x.tolist() == [0.0, 1.0]
 
