@@ -13,8 +13,8 @@ relaxation, then mixed-integer for whole GPUs) and the prices are the least capa
 of the relaxation on the optimal face (prices.least_duals); above that, the tenants whose
 guarantee binds get their guarantee bundles and the rest of the market is cleared around them
 the same way, priced by its own least equilibrium prices (pass after pass, reusing one flow
-network, until nobody else falls short; a forecast lets the tenants those bundles will
-displace join a pass early).
+network and solving only the bids a pass can move, resolve.py, until nobody else falls
+short; a forecast lets the tenants those bundles will displace join a pass early).
 Gang bids make the first solve mixed-integer; once they are fixed the divisible bids are
 solved again as above, so that their prices exist. A time limit with no incumbent drops the
 gang bids (status "fallback"), which keeps every hard constraint.
