@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .flow import WelfareNetwork, fill_by_id, welfare_flow, whole_numbers
+from .flow import WelfareNetwork, fill_by_id, welfare_flow
 from .prices import minimal_prices
 from .rules import EPS, OpenMarket
 
@@ -46,18 +46,17 @@ def welfare_flow_near(
     the least of ``m``), given ``x_before``, a whole optimal allocation of ``before``, and
     prices at which it is an equilibrium (``prices_before``; the least ones when None);
     ``network``: the flow network of the market both are left from (``network.solve(m)``
-    gives the same profit). None when ``m``'s rooms are not whole (the caller solves its
-    LP)."""
-    if any(whole_numbers(r) is None for r in (m.bid_room, m.tier_room, m.group_room)):
-        return None
+    gives the same profit). None when rooms it has to solve are not whole (the caller
+    solves its LP); a held bid's room need not be whole, it is not solved."""
     if prices_before is None:
         prices_before = minimal_prices(before, x_before)
     B = m.bid_room.size
     tol = 1e-7 * (1.0 + float(np.abs(m.arc_price).max(initial=0.0)))
     surplus = before.arc_price - prices_before[before.arc_tier]
-    best = _per_bid_max(surplus, m.arc_bid, B)
+    first = np.flatnonzero(np.r_[True, m.arc_bid[1:] != m.arc_bid[:-1]])  # of each bid's arcs
+    best = _per_bid_max(surplus, m.arc_bid, first, B)
     at_best = surplus >= best[m.arc_bid] - tol
-    second = _per_bid_max(np.where(at_best, -np.inf, surplus), m.arc_bid, B)
+    second = _per_bid_max(np.where(at_best, -np.inf, surplus), m.arc_bid, first, B)
     used = x_before > EPS
     flow = np.bincount(m.arc_bid, weights=x_before, minlength=B)
     capped = np.bincount(m.arc_bid, weights=m.arc_capped >= 0, minlength=B) > 0
@@ -99,7 +98,7 @@ def welfare_flow_near(
             break
         prices = minimal_prices(sub, x_sub)
         now = m.arc_price - prices[m.arc_tier]
-        now_best = _per_bid_max(now, m.arc_bid, B)
+        now_best = _per_bid_max(now, m.arc_bid, first, B)
         kept = np.zeros(B, dtype=bool)
         kept[m.arc_bid[won]] = (now[won] >= now_best[m.arc_bid[won]] - tol) & (now[won] >= -tol)
         wrong = (held_win & ~kept) | (held_lose & (now_best > tol))
@@ -115,13 +114,14 @@ def welfare_flow_near(
     return None if x is None else (x, minimal_prices(m, x))
 
 
-def _per_bid_max(values: np.ndarray, arc_bid: np.ndarray, n_bids: int) -> np.ndarray:
-    """The largest of ``values`` (E,) over each bid's arcs (``arc_bid`` sorted); -inf for a
-    bid without arcs."""
+def _per_bid_max(
+    values: np.ndarray, arc_bid: np.ndarray, first: np.ndarray, n_bids: int
+) -> np.ndarray:
+    """The largest of ``values`` (E,) over each bid's arcs (``arc_bid`` sorted, ``first``:
+    where each bid's arcs start); -inf for a bid without arcs."""
     out = np.full(n_bids, -np.inf)
     if arc_bid.size:
-        starts = np.flatnonzero(np.r_[True, arc_bid[1:] != arc_bid[:-1]])
-        out[arc_bid[starts]] = np.maximum.reduceat(values, starts)
+        out[arc_bid[first]] = np.maximum.reduceat(values, first)
     return out
 
 
