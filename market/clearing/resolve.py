@@ -19,6 +19,11 @@ otherwise; equal limits still go to the earlier bid, ``fill_by_id``). A held bid
 the check joins the part solved, and so does a winner on a tier its held GPUs would
 overfill; after NEAR_ROUNDS such checks, or once the part reaches NEAR_SHARE of the bids, the
 whole market is solved instead.
+
+Prices here are the solver's floats in the caller's unit (the platform sends whole
+milli-credits), used only to choose the bids held and to check them; nobody is charged at
+them. What a round charges is welfare's least prices of the last pass (``minimal_prices`` of
+the whole market left), which ``round_clearing.tier_price`` turns into whole milli-credits.
 """
 
 from __future__ import annotations
@@ -41,10 +46,11 @@ def welfare_flow_near(
     prices_before: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """(x, prices): GPUs per arc (E,) of a maximum-profit allocation of ``m``, a market
-    left from ``before`` (the same arcs and profits, no room larger), and tier prices (T,)
-    at which x is an equilibrium of ``m`` (the least ones of the part solved, not always
-    the least of ``m``), given ``x_before``, a whole optimal allocation of ``before``, and
-    prices at which it is an equilibrium (``prices_before``; the least ones when None);
+    left from ``before`` (the same arcs and profits, no room larger), and the least tier
+    prices (T,) at which x is an equilibrium of ``m`` (the least of the part solved: they
+    meet the held bids' constraints, checked, so no price of ``m`` is lower), given
+    ``x_before``, a whole optimal allocation of ``before``, and prices at which it is an
+    equilibrium (``prices_before``; the least ones when None);
     ``network``: the flow network of the market both are left from (``network.solve(m)``
     gives the same profit). None when rooms it has to solve are not whole (the caller
     solves its LP); a held bid's room need not be whole, it is not solved."""

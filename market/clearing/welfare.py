@@ -60,8 +60,8 @@ def _open_welfare_near(
 ) -> tuple[WelfareSolution, np.ndarray | None]:
     """``_open_welfare`` of a market left from ``last`` (the market before, a whole optimal
     allocation of it, prices at which that is an equilibrium or None), solved on the bids
-    the change can move (resolve.py); and prices at which its allocation is an equilibrium
-    (None when it was not solved that way)."""
+    the change can move (resolve.py); and the least prices at which its allocation is an
+    equilibrium (None when it was not solved that way)."""
     start = time.perf_counter()
     near = None if network is None else welfare_flow_near(network, om, *last)
     if near is None:

@@ -79,6 +79,7 @@ def test_a_market_left_from_another_is_solved_as_well_as_from_nothing(inst, data
         assert m.arc_price @ x == pytest.approx(m.arc_price @ whole, abs=1e-6)
         np.testing.assert_allclose(minimal_prices(m, x), minimal_prices(m, whole), atol=1e-6)
         _equilibrium(m, x, prices)
+        np.testing.assert_allclose(prices, minimal_prices(m, whole), atol=1e-6)
         market, x_market, prices_market = m, x, prices
 
 
