@@ -5,10 +5,12 @@ Welfare's bundle passes (welfare.py) solve one market after another, each with t
 and profits as the one before and rooms no larger (a few tenants' bundles taken out). The
 tier prices barely move between passes (at 100k bids of the benchmark, by one credit on some
 tiers after the first pass and not at all after the third), so most bids stay where they
-were: a bid that got its whole room on a tier it strictly prefers, at the last prices, to
-every other tier and to nothing, and a bid that preferred nothing. Those bids are held (the
-winners' GPUs leave their tiers' rooms) and the rest is solved as a min-cost flow, about a
-tenth of the bids.
+were: a bid that got its whole room on a tier among its best at the last prices, with a
+surplus, and a bid that preferred nothing. Those bids are held (the winners' GPUs leave their
+tiers' rooms) and the rest is solved as a min-cost flow, a few percent of the bids. A bid
+with two equally good tiers is held on the one it had: solved again, it could fall on the
+other, and the tenants it then displaces could fall below their guarantee and cost a pass
+more (at 100k bids of the benchmark, 2-3 passes instead of 5-8, each of them optimal).
 
 The held bids' choices are then checked at the least prices of the part solved: a winner's
 tier must still be among its best and pay, and a loser must still want nothing. Those
@@ -61,19 +63,20 @@ def welfare_flow_near(
     surplus = before.arc_price - prices_before[before.arc_tier]
     first = np.flatnonzero(np.r_[True, m.arc_bid[1:] != m.arc_bid[:-1]])  # of each bid's arcs
     best = _per_bid_max(surplus, m.arc_bid, first, B)
-    at_best = surplus >= best[m.arc_bid] - tol
-    second = _per_bid_max(np.where(at_best, -np.inf, surplus), m.arc_bid, first, B)
     used = x_before > EPS
+    # Of a winner's arcs, the best but the one it won on (a tie: as good).
+    second = _per_bid_max(np.where(used, -np.inf, surplus), m.arc_bid, first, B)
     flow = np.bincount(m.arc_bid, weights=x_before, minlength=B)
     capped = np.bincount(m.arc_bid, weights=m.arc_capped >= 0, minlength=B) > 0
     live = m.bid_room > EPS
     unchanged = live & ~capped & (m.bid_room == before.bid_room)
-    # Winners: the whole room on one arc, their one best, paying; losers: nothing wanted.
-    win_arc = np.flatnonzero(used & at_best & (surplus > tol))
+    # Winners: the whole room on one arc, among their best (a tie stays where it is), with a
+    # surplus; losers: nothing wanted.
+    win_arc = np.flatnonzero(used & (surplus >= best[m.arc_bid] - tol) & (surplus > tol))
     win_arc = win_arc[np.abs(x_before[win_arc] - m.bid_room[m.arc_bid[win_arc]]) <= EPS]
     held_win = np.zeros(B, dtype=bool)
     held_win[m.arc_bid[win_arc]] = True
-    held_win &= unchanged & (np.bincount(m.arc_bid, weights=at_best, minlength=B) == 1)
+    held_win &= unchanged
     held_lose = live & ~capped & (flow <= EPS) & (best < -tol)
     margin = best - np.maximum(second, 0.0)
     solve = live & ~held_win & ~held_lose

@@ -42,6 +42,22 @@ def _solved(inst: Instance) -> tuple[OpenMarket, flow.WelfareNetwork, np.ndarray
     return before, network, network.solve(before)
 
 
+def _parts_solved(
+    network: flow.WelfareNetwork, m: OpenMarket, before: OpenMarket, x_before: np.ndarray
+) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
+    """``welfare_flow_near``'s (x, prices), after the bids of each part it solved."""
+    parts: list[list[int]] = []
+    solve_part = resolve.welfare_flow
+
+    def spy(sub: OpenMarket) -> np.ndarray | None:
+        parts.append(np.flatnonzero(sub.bid_room > 0).tolist())
+        return solve_part(sub)
+
+    with mock.patch.object(resolve, "welfare_flow", spy):
+        x, prices = resolve.welfare_flow_near(network, m, before, x_before)
+    return parts, x, prices
+
+
 def _equilibrium(m: OpenMarket, x: np.ndarray, prices: np.ndarray) -> None:
     """At ``prices`` every bid without a share cap gets GPUs only on its best arcs, all it
     asks when those pay, none when nothing does; a tier with a price is full."""
@@ -100,22 +116,37 @@ def test_only_the_bids_the_change_can_move_are_solved_and_a_held_bid_the_prices_
     before, network, x_before = _solved(inst)
     assert x_before.tolist() == [1.0, 0.0, 1.0, 1.0]  # w on A, y on B, z on A
     m = OpenMarket(**{**before.__dict__, "tier_room": before.tier_room - [1.0, 0.0]})
-    parts: list[np.ndarray] = []
-    solve_part = resolve.welfare_flow
+    with mock.patch.object(resolve, "NEAR_SHARE", 1.0):
+        parts, x, prices = _parts_solved(network, m, before, x_before)
 
-    def spy(sub: OpenMarket) -> np.ndarray | None:
-        parts.append(np.flatnonzero(sub.bid_room > 0))
-        return solve_part(sub)
-
-    with (
-        mock.patch.object(resolve, "NEAR_SHARE", 1.0),
-        mock.patch.object(resolve, "welfare_flow", spy),
-    ):
-        x, prices = resolve.welfare_flow_near(network, m, before, x_before)
-
-    assert [p.tolist() for p in parts] == [[0], [0, 1, 2]]
+    assert parts == [[0], [0, 1, 2]]
     assert x.tolist() == [0.0, 1.0, 0.0, 1.0]  # w on B, y out, z on A
     assert m.arc_price @ x == m.arc_price @ network.solve(m)
+
+
+def test_a_winner_between_two_equally_good_tiers_is_held_on_the_one_it_had():
+    # Before: w (5 on A or B) and z (2 on B) win, y (1 on A) is left out: the least prices
+    # are 1 on both tiers, where w gains 4 on either. y then leaves: w is held on A, not
+    # solved again (solved, it could fall on B), and at the new prices (0 and 0) it is still
+    # among its best, so nothing is solved but an empty part.
+    inst = Instance(
+        tiers=(Tier("A", 1, reserve_price=0), Tier("B", 1, reserve_price=0)),
+        tenants=(Tenant("T", weight=0.0),),
+        bids=(
+            Bid("w", "T", 1, {"A": 5, "B": 5}),
+            Bid("y", "T", 1, {"A": 1}),
+            Bid("z", "T", 1, {"B": 2}),
+        ),
+    )
+    before, network, x_before = _solved(inst)
+    assert x_before.tolist() == [1.0, 0.0, 0.0, 1.0]  # w on A, w on B, y, z on B
+    assert minimal_prices(before, x_before).tolist() == [1.0, 1.0]
+    m = OpenMarket(**{**before.__dict__, "bid_room": np.array([1.0, 0.0, 1.0])})
+    parts, x, prices = _parts_solved(network, m, before, x_before)
+
+    assert parts == [[]]
+    assert x.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert prices.tolist() == [0.0, 0.0]
 
 
 def test_a_held_winner_moves_when_another_tier_it_wants_becomes_cheaper():
