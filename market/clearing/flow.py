@@ -71,10 +71,12 @@ def min_cost_flow_solve(
     return np.asarray(solver.flows(arcs))
 
 
-def welfare_flow(m: OpenMarket) -> np.ndarray | None:
+def welfare_flow(m: OpenMarket, *, in_id_order: bool = True) -> np.ndarray | None:
     """GPUs per arc (E,) of a maximum-profit allocation of the open market, or None when it
-    is not a whole-number network (see the module's docstring)."""
-    network = WelfareNetwork.of(m)
+    is not a whole-number network (see the module's docstring). ``in_id_order=False``: equal
+    limits are not yet handed out in bid id order (``fill_by_id``), for a caller that puts
+    this allocation into a larger one and orders that."""
+    network = WelfareNetwork.of(m, in_id_order=in_id_order)
     return None if network is None else network.solve(m)
 
 
@@ -92,10 +94,11 @@ class WelfareNetwork:
     tails: np.ndarray  # the flow's arcs: the classes' own arcs, groups, tiers, source arcs
     heads: np.ndarray
     costs: np.ndarray
-    same_arcs: tuple[np.ndarray, np.ndarray]  # interchangeable(m), for fill_by_id
+    # interchangeable(m), for fill_by_id; None: solve leaves equal limits in the solver's order
+    same_arcs: tuple[np.ndarray, np.ndarray] | None
 
     @classmethod
-    def of(cls, m: OpenMarket) -> WelfareNetwork | None:
+    def of(cls, m: OpenMarket, *, in_id_order: bool = True) -> WelfareNetwork | None:
         T = m.tier_room.size
         bid_room = whole_numbers(m.bid_room)
         profit = whole_numbers(m.arc_price, MILLI)
@@ -137,7 +140,7 @@ class WelfareNetwork:
         costs = np.concatenate(
             [-profit[use[rep]], np.zeros(groups.size + T + C + 1, dtype=np.int64)]
         )
-        same = interchangeable(m)
+        same = interchangeable(m) if in_id_order else None
         return cls(m.arc_bid.size, use, bids, rep, groups, tails, heads, costs, same)
 
     def solve(self, m: OpenMarket) -> np.ndarray | None:
@@ -170,7 +173,7 @@ class WelfareNetwork:
         class_flow = np.zeros(self.use.size)
         class_flow[self.rep] = flows[: self.rep.size]
         x[self.use] = bids.share_out(class_flow)
-        return fill_by_id(m, x, self.same_arcs)
+        return x if self.same_arcs is None else fill_by_id(m, x, self.same_arcs)
 
 
 def row_mix(columns: int) -> np.ndarray:

@@ -64,8 +64,6 @@ def welfare_flow_near(
     first = np.flatnonzero(np.r_[True, m.arc_bid[1:] != m.arc_bid[:-1]])  # of each bid's arcs
     best = _per_bid_max(surplus, m.arc_bid, first, B)
     used = x_before > EPS
-    # Of a winner's arcs, the best but the one it won on (a tie: as good).
-    second = _per_bid_max(np.where(used, -np.inf, surplus), m.arc_bid, first, B)
     flow = np.bincount(m.arc_bid, weights=x_before, minlength=B)
     capped = np.bincount(m.arc_bid, weights=m.arc_capped >= 0, minlength=B) > 0
     live = m.bid_room > EPS
@@ -78,7 +76,6 @@ def welfare_flow_near(
     held_win[m.arc_bid[win_arc]] = True
     held_win &= unchanged
     held_lose = live & ~capped & (flow <= EPS) & (best < -tol)
-    margin = best - np.maximum(second, 0.0)
     solve = live & ~held_win & ~held_lose
     for _ in range(NEAR_ROUNDS):
         if np.count_nonzero(solve) > NEAR_SHARE * np.count_nonzero(live):
@@ -88,6 +85,9 @@ def welfare_flow_near(
             m.arc_tier[won], weights=x_before[won], minlength=m.tier_room.size
         )
         if tier_room.min(initial=0.0) < -EPS:
+            # A winner's margin: its surplus over the best of its other arcs (a tie: 0).
+            second = _per_bid_max(np.where(used, -np.inf, surplus), m.arc_bid, first, B)
+            margin = best - np.maximum(second, 0.0)
             released = _overfill(m, won, x_before, margin, tier_room)
             held_win[released] = False
             solve[released] = True
@@ -102,7 +102,7 @@ def welfare_flow_near(
             group_room=m.group_room,
             tier_room=tier_room,
         )
-        x_sub = welfare_flow(sub)
+        x_sub = welfare_flow(sub, in_id_order=False)  # the whole pass is put in order below
         if x_sub is None:
             break
         prices = minimal_prices(sub, x_sub)

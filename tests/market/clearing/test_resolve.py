@@ -49,9 +49,9 @@ def _parts_solved(
     parts: list[list[int]] = []
     solve_part = resolve.welfare_flow
 
-    def spy(sub: OpenMarket) -> np.ndarray | None:
+    def spy(sub: OpenMarket, **how) -> np.ndarray | None:
         parts.append(np.flatnonzero(sub.bid_room > 0).tolist())
-        return solve_part(sub)
+        return solve_part(sub, **how)
 
     with mock.patch.object(resolve, "welfare_flow", spy):
         x, prices = resolve.welfare_flow_near(network, m, before, x_before)
