@@ -181,7 +181,8 @@ def _bundles_first(
     tol = 1e-7 * (1.0 + np.abs(target))
     utility = np.bincount(a.arc_tenant, weights=a.arc_price * x0, minlength=N)
     short = utility < target - tol
-    need = short | _displaced(market, om, x0, short, bundle, utility, target - tol)
+    order = _take_back_order(om)
+    need = short | _displaced(market, om, x0, short, bundle, utility, target - tol, order)
     seconds = 0.0
     # Each pass's market is left from the one before (more bundles out): the flow solves
     # only the bids that change can move.
@@ -201,8 +202,14 @@ def _bundles_first(
         short = (utility < target - tol) & ~need
         if not short.any():
             return x, minimal_prices(rest, free), seconds
-        need |= short | _displaced(market, rest, free, short, bundle, utility, target - tol)
+        need |= short | _displaced(market, rest, free, short, bundle, utility, target - tol, order)
     return None
+
+
+def _take_back_order(om: OpenMarket) -> np.ndarray:
+    """The arcs in the order ``_settle`` takes GPUs back in: by tier, then least surplus,
+    then later bid first (the same arcs in every pass's market, so found once)."""
+    return np.lexsort((-om.arc_bid, om.arc_price, om.arc_tier))
 
 
 def _displaced(
@@ -213,6 +220,7 @@ def _displaced(
     bundle: np.ndarray,
     utility: np.ndarray,
     floor: np.ndarray,
+    order: np.ndarray,
 ) -> np.ndarray:
     """Tenants (N,) bool, not joining, that the joining tenants' bundles will likely push
     below ``floor`` in the next pass, so that they join now rather than one pass later.
@@ -238,7 +246,7 @@ def _displaced(
         fits = np.clip(np.divide(room, flow, out=np.ones(a.n_bids), where=flow > EPS), 0.0, 1.0)
         x = free * np.where(gone[a.arc_tenant], fits[a.arc_bid], 1.0)
         tier_room = rest.tier_room - np.bincount(a.arc_tier, weights=take, minlength=T)
-        x = _settle(rest, x, tier_room)
+        x = _settle(rest, x, tier_room, order)
         keep = np.bincount(a.arc_tenant, weights=a.arc_price * x, minlength=N)
         new = (utility - held + keep < floor) & ~gone
         if not new.any():
@@ -247,16 +255,18 @@ def _displaced(
     return found
 
 
-def _settle(rest: OpenMarket, x: np.ndarray, tier_room: np.ndarray, rounds: int = 3):
-    """``x`` fitted into ``tier_room`` the crude way ``_displaced`` forecasts with."""
+def _settle(
+    rest: OpenMarket, x: np.ndarray, tier_room: np.ndarray, order: np.ndarray, rounds: int = 3
+):
+    """``x`` fitted into ``tier_room`` the crude way ``_displaced`` forecasts with; ``order``:
+    ``_take_back_order``."""
     T = tier_room.size
     x = x.copy()
     for _ in range(rounds):
         over = np.maximum(np.bincount(rest.arc_tier, weights=x, minlength=T) - tier_room, 0.0)
         if over.max(initial=0.0) <= EPS:
             break
-        won = np.flatnonzero((x > EPS) & (over[rest.arc_tier] > EPS))
-        won = won[np.lexsort((-rest.arc_bid[won], rest.arc_price[won], rest.arc_tier[won]))]
+        won = order[((x > EPS) & (over[rest.arc_tier] > EPS))[order]]
         tier = rest.arc_tier[won]
         before = np.cumsum(x[won]) - x[won]
         starts = np.searchsorted(tier, tier)  # first winner of the same tier (sorted by tier)
@@ -265,9 +275,13 @@ def _settle(rest: OpenMarket, x: np.ndarray, tier_room: np.ndarray, rounds: int 
         out = np.zeros(x.size)
         out[won] = lost
         # Where a lost GPU can go: a tier with room, or above the least surplus winning there.
-        winning = x > EPS
+        winning = order[(x > EPS)[order]]  # by tier, least surplus first
+        tiers = rest.arc_tier[winning]
+        first = np.searchsorted(tiers, np.arange(T))
         least = np.full(T, np.inf)
-        np.minimum.at(least, rest.arc_tier[winning], rest.arc_price[winning])
+        found = first < tiers.size
+        found[found] = tiers[first[found]] == np.flatnonzero(found)
+        least[found] = rest.arc_price[winning[first[found]]]
         full = np.bincount(rest.arc_tier, weights=x, minlength=T) >= tier_room - EPS
         bar = np.where(full, least, 0.0)
         moving = np.bincount(rest.arc_bid, weights=out, minlength=rest.bid_room.size)

@@ -34,7 +34,8 @@ def test_the_forecast_names_the_winner_a_bundle_will_push_out():
     utility = np.bincount(a.arc_tenant, weights=a.arc_price * x0, minlength=3)
     joining = utility < g
     assert joining.tolist() == [True, False, False]
-    found = welfare._displaced(market, om, x0, joining, bundle, utility, g)
+    order = welfare._take_back_order(om)
+    found = welfare._displaced(market, om, x0, joining, bundle, utility, g, order)
     assert found.tolist() == [False, False, True]
 
 
