@@ -127,41 +127,82 @@ def test_crossover_as_the_first_solve_of_a_process():
     assert done.stdout.strip().splitlines()[-1] == "2.0"
 
 
+def _stage_two_values(monkeypatch) -> list[float]:
+    """The value (sum_i u_i) of each stage-2 allocation maxmin's ``_stages`` returns."""
+    values: list[float] = []
+    original = maxmin._stages
+
+    def spy(sk, **kwargs):
+        found = original(sk, **kwargs)
+        values.append(float(kwargs["v"][sk.cols] @ found[0]))
+        return found
+
+    monkeypatch.setattr(maxmin, "_stages", spy)
+    return values
+
+
 @pytest.mark.parametrize("divisible", [True, False])
 @pytest.mark.parametrize("seed", range(3))
 def test_maxmin_stage_two_from_the_interior_point_is_the_same_optimum(monkeypatch, seed, divisible):
     """maxmin with its threshold lowered to take this instance: stage 2's LP is begun from
-    eg's interior point (taken: crossover and simplex end optimal) and ends at the optimum
-    the LP solved from nothing reaches, with the same worst share ratio in divisible mode."""
+    eg's interior point, solved on the bids that point leaves unsettled (taken: crossover
+    and simplex end optimal, the settled bids' prices hold) and ends at the optimum the LP
+    solved from nothing reaches, with the same worst share ratio in divisible mode."""
     inst = _instance(seed, bids=600, tenants=40)
-    stage_two: dict[str, list[float]] = {"start": [], "plain": []}
-    ended = []
-    original, original_start = highs.solve, highs._from_start
-
-    def spy(**kwargs):
-        sol = original(**kwargs)
-        stage_two["plain" if kwargs.get("start") is None else "start"].append(
-            float(kwargs["cost"] @ sol.x)
-        )
-        return sol
+    ended, settled = [], []
+    original_start, original_settled = highs._from_start, maxmin._settled_first
 
     def spy_start(*args, **kwargs):
         found = original_start(*args, **kwargs)
         ended.append(found)
         return found
 
-    monkeypatch.setattr(highs, "solve", spy)
+    def spy_settled(*args, **kwargs):
+        found = original_settled(*args, **kwargs)
+        settled.append(found)
+        return found
+
+    values = _stage_two_values(monkeypatch)
     monkeypatch.setattr(highs, "_from_start", spy_start)
+    monkeypatch.setattr(maxmin, "_settled_first", spy_settled)
     monkeypatch.setattr(maxmin, "STRUCTURED_ARCS", 0)
     started = clear(inst, mechanism="maxmin", divisible=divisible)
     assert ended and all(found is not None for found in ended)
+    assert settled and all(found is not None for found in settled)
     monkeypatch.setattr(maxmin, "STRUCTURED_ARCS", 10**9)
     plain = clear(inst, mechanism="maxmin", divisible=divisible)
-    assert stage_two["start"][-1] == pytest.approx(stage_two["plain"][-1], rel=1e-9)
+    assert values[-2] == pytest.approx(values[-1], rel=1e-9)
     if divisible:  # (whole GPUs round the vertex each reached, which may differ)
         assert started.diagnostics["min_share_ratio"] == pytest.approx(
             plain.diagnostics["min_share_ratio"], rel=1e-6
         )
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_settled_bid_its_prices_move_is_solved_again_and_the_optimum_is_the_same(
+    monkeypatch, seed
+):
+    """On these instances a few bids the interior point puts on one arc, full, are priced
+    otherwise by the duals of the rest (its tier's price above what the bid gains there, or
+    another arc of it better): they join the rest, which is solved a second time, and stage
+    2 ends at the optimum the LP solved whole reaches."""
+    inst = _instance(seed, bids=3000, tenants=200)
+    values = _stage_two_values(monkeypatch)
+    rests = []
+    original = maxmin.market_program
+
+    def spy(market, om, **kwargs):
+        if kwargs["what"] == "maxmin problem (unsettled bids)":
+            rests.append(int(np.count_nonzero(om.bid_room > 0)))
+        return original(market, om, **kwargs)
+
+    monkeypatch.setattr(maxmin, "market_program", spy)
+    monkeypatch.setattr(maxmin, "STRUCTURED_ARCS", 0)
+    clear(inst, mechanism="maxmin", divisible=True)
+    assert len(rests) == 2 and rests[1] > rests[0]
+    monkeypatch.setattr(maxmin, "STRUCTURED_ARCS", 10**9)
+    clear(inst, mechanism="maxmin", divisible=True)
+    assert values[-2] == pytest.approx(values[-1], rel=1e-9)
 
 
 @pytest.mark.parametrize("mechanism", ["fisher", "maxmin"])
