@@ -10,6 +10,12 @@ ENVY_BLOCK = 2048  # tenants per block of the pairwise envy product, bounds memo
 # Envy below 0.1 % is not counted: the conic solver stops at a relative duality gap of 1e-6,
 # and an allocation that close to the optimum can be off by ~sqrt(1e-6) in each share.
 ENVY_TOLERANCE = 1e-3
+# The coarse pass of envy_count: one bundle in 16, between 32 and 256 of them. At 10k bids of
+# the benchmark (787 distinct bundles) 49 found the same tenants as 256 in a quarter of the
+# time (1.3 against 4.9 ms); at 100k (8,722) fewer than 256 left more to the full pass.
+ENVY_SAMPLE_EVERY = 16
+ENVY_SAMPLE_LEAST = 32
+ENVY_SAMPLE_MOST = 256
 
 
 def tenant_matrix(market: Market, x: np.ndarray) -> np.ndarray:
@@ -72,9 +78,12 @@ def envy_count(
             out[start : start + block.size] = best > own[block] * (1 + ENVY_TOLERANCE) + 1e-9
         return out
 
-    # A coarse pass over a few hundred bundles settles most envious tenants cheaply; only
-    # the rest are checked against every bundle.
+    # A coarse pass over one bundle in ENVY_SAMPLE_EVERY (ENVY_SAMPLE_MOST at most) settles
+    # most envious tenants cheaply; only the rest are checked against every bundle.
     every = np.arange(size.size)
-    sample = np.unique(np.linspace(0, size.size - 1, num=min(size.size, 256)).astype(int))
+    num = min(
+        size.size, max(ENVY_SAMPLE_LEAST, min(ENVY_SAMPLE_MOST, size.size // ENVY_SAMPLE_EVERY))
+    )
+    sample = np.unique(np.linspace(0, size.size - 1, num=num).astype(int))
     found = envious(who, sample)
     return int(found.sum()) + int(envious(who[~found], every).sum())
