@@ -35,7 +35,7 @@ from .errors import SolverError
 from .guarantee import guarantee_and_fair
 from .program import Skeleton, guarantee_rows, market_program, residual, utility_rows
 from .rounding import round_whole
-from .rules import EPS, Market, Outcome, gangs_whole, open_market
+from .rules import EPS, Market, OpenMarket, Outcome, gangs_whole, open_market
 from .values import tenant_values
 
 MILP_COLUMNS = 600  # whole-GPU programs up to this many arcs are solved exactly
@@ -56,10 +56,11 @@ def _stages(
     g: np.ndarray,
     held: np.ndarray,
     market: Market,
+    om: OpenMarket,
     time_limit: float,
     relax: bool,
 ) -> tuple[np.ndarray, float, str, float]:
-    """Arc GPUs over sk.cols, tau*, status, solver seconds."""
+    """Arc GPUs over sk.cols (``sk`` built on ``om``), tau*, status, solver seconds."""
     p = sk.program
     tau = _fair_rows(sk, market, v=v, e=e, g=g, held=held)
     counted = np.flatnonzero(e > EPS)
@@ -86,7 +87,7 @@ def _stages(
     settled = None
     if start is not None:
         left = max(time_limit - (time.perf_counter() - began), 1e-3)
-        settled = _settled_first(sk, market, start, **floors, relax=relax, time_limit=left)
+        settled = _settled_first(sk, market, om, start, **floors, relax=relax, time_limit=left)
     if settled is not None:
         return settled, tau_star, status, seconds + time.perf_counter() - began
     spent = time.perf_counter() - began
@@ -119,6 +120,7 @@ def _fair_rows(
 def _settled_first(
     sk: Skeleton,
     market: Market,
+    om: OpenMarket,
     start: lp.Start,
     *,
     v: np.ndarray,
@@ -129,8 +131,8 @@ def _settled_first(
     relax: bool,
     time_limit: float,
 ) -> np.ndarray | None:
-    """Stage 2's optimal vertex (arc GPUs over sk.cols) found on the bids its interior point
-    leaves unsettled; None when that does not end optimal (the caller solves it whole).
+    """Stage 2's optimal vertex (arc GPUs over sk.cols, ``sk`` built on ``om``) found on the
+    bids its interior point leaves unsettled; None when that does not end optimal (the caller solves it whole).
 
     A bid is settled when the point puts its whole room on one arc (within SETTLED of it)
     and next to nothing on its others: at 100k bids of the benchmark 55% of the bids, and
@@ -147,7 +149,7 @@ def _settled_first(
     a = market.arrays
     N, E = a.n_tenants, a.arc_bid.size
     bid = a.arc_bid[sk.cols]
-    room = market.bid_room[bid]
+    room = om.bid_room[bid]
     # The point, kept over every arc and row, moved to each round's answer.
     x_at = np.zeros(E)
     x_at[sk.cols] = start.values["x"]
@@ -169,7 +171,6 @@ def _settled_first(
     reach = held + np.bincount(a.arc_tenant[sk.cols], weights=worth, minlength=N)
     settled &= ~(~open_bid & (reach < floor))[a.bid_tenant]
     counted = np.flatnonzero(e > EPS)
-    om = open_market(market)
     tol = highs.DUAL_TOL * np.maximum(1.0, np.abs(v))
     began = time.perf_counter()
     for _ in range(SETTLE_ROUNDS):
@@ -330,7 +331,7 @@ def maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:
     g, _, e = guarantee_and_fair(market, v)
     held = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
     om = open_market(market)
-    common = dict(v=v, e=e, g=g, held=held, market=market, time_limit=time_limit)
+    common = dict(v=v, e=e, g=g, held=held, market=market, om=om, time_limit=time_limit)
 
     sk = market_program(market, om, what="maxmin problem")
     exact = market.divisible or sk.cols.size <= MILP_COLUMNS

@@ -42,6 +42,13 @@ def _solved(inst: Instance) -> tuple[OpenMarket, flow.WelfareNetwork, np.ndarray
     return before, network, network.solve(before)
 
 
+def _one_team(
+    tiers: tuple[Tier, ...], bids: tuple[Bid, ...]
+) -> tuple[OpenMarket, flow.WelfareNetwork, np.ndarray]:
+    """``_solved`` of a market of these tiers and bids, all of one team without a guarantee."""
+    return _solved(Instance(tiers=tiers, tenants=(Tenant("T", weight=0.0),), bids=bids))
+
+
 def _parts_solved(
     network: flow.WelfareNetwork, m: OpenMarket, before: OpenMarket, x_before: np.ndarray
 ) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
@@ -104,16 +111,14 @@ def test_only_the_bids_the_change_can_move_are_solved_and_a_held_bid_the_prices_
     # all win where they are. A then loses a GPU: w, of least margin on A, is solved alone;
     # A's price rises to 10 for w's sake, which z and y, held, cannot pay: they join, and
     # the best market gives A to z and B to w (14 against 13 for w on A and y on B).
-    inst = Instance(
-        tiers=(Tier("A", 2), Tier("B", 1)),
-        tenants=(Tenant("T", weight=0.0),),
-        bids=(
+    before, network, x_before = _one_team(
+        (Tier("A", 2), Tier("B", 1)),
+        (
             Bid("w", "T", 1, {"A": 10, "B": 8}),
             Bid("y", "T", 1, {"B": 3}),
             Bid("z", "T", 1, {"A": 6}),
         ),
     )
-    before, network, x_before = _solved(inst)
     assert x_before.tolist() == [1.0, 0.0, 1.0, 1.0]  # w on A, y on B, z on A
     m = OpenMarket(**{**before.__dict__, "tier_room": before.tier_room - [1.0, 0.0]})
     with mock.patch.object(resolve, "NEAR_SHARE", 1.0):
@@ -129,16 +134,14 @@ def test_a_winner_between_two_equally_good_tiers_is_held_on_the_one_it_had():
     # are 1 on both tiers, where w gains 4 on either. y then leaves: w is held on A, not
     # solved again (solved, it could fall on B), and at the new prices (0 and 0) it is still
     # among its best, so nothing is solved but an empty part.
-    inst = Instance(
-        tiers=(Tier("A", 1, reserve_price=0), Tier("B", 1, reserve_price=0)),
-        tenants=(Tenant("T", weight=0.0),),
-        bids=(
+    before, network, x_before = _one_team(
+        (Tier("A", 1, reserve_price=0), Tier("B", 1, reserve_price=0)),
+        (
             Bid("w", "T", 1, {"A": 5, "B": 5}),
             Bid("y", "T", 1, {"A": 1}),
             Bid("z", "T", 1, {"B": 2}),
         ),
     )
-    before, network, x_before = _solved(inst)
     assert x_before.tolist() == [1.0, 0.0, 0.0, 1.0]  # w on A, w on B, y, z on B
     assert minimal_prices(before, x_before).tolist() == [1.0, 1.0]
     m = OpenMarket(**{**before.__dict__, "bid_room": np.array([1.0, 0.0, 1.0])})
@@ -155,10 +158,9 @@ def test_a_held_winner_moves_when_another_tier_it_wants_becomes_cheaper():
     # the price) to B (5): it is held. Then g leaves: B's price falls to 0, where h gains
     # 9 on B against 7 on A, so h is solved again, moves to B and j takes its GPU on A
     # (h 9 + j 3 + f 4 against h 10 + f 4).
-    inst = Instance(
-        tiers=(Tier("A", 2, reserve_price=0), Tier("B", 2, reserve_price=0)),
-        tenants=(Tenant("T", weight=0.0),),
-        bids=(
+    before, network, x_before = _one_team(
+        (Tier("A", 2, reserve_price=0), Tier("B", 2, reserve_price=0)),
+        (
             Bid("f", "T", 1, {"B": 4}),
             Bid("g", "T", 2, {"B": 5}),
             Bid("h", "T", 1, {"A": 10, "B": 9}),
@@ -166,7 +168,6 @@ def test_a_held_winner_moves_when_another_tier_it_wants_becomes_cheaper():
             Bid("k", "T", 1, {"A": 12}),
         ),
     )
-    before, network, x_before = _solved(inst)
     assert x_before.tolist() == [0.0, 2.0, 1.0, 0.0, 0.0, 1.0]  # f, g, h on A, h on B, j, k
     m = OpenMarket(**{**before.__dict__, "bid_room": before.bid_room * [1, 0, 1, 1, 1]})
 
@@ -178,12 +179,9 @@ def test_a_held_winner_moves_when_another_tier_it_wants_becomes_cheaper():
 
 
 def test_a_large_part_is_solved_whole():
-    inst = Instance(
-        tiers=(Tier("A", 1),),
-        tenants=(Tenant("T", weight=0.0),),
-        bids=(Bid("w", "T", 1, {"A": 10}), Bid("z", "T", 1, {"A": 6})),
+    before, network, x_before = _one_team(
+        (Tier("A", 1),), (Bid("w", "T", 1, {"A": 10}), Bid("z", "T", 1, {"A": 6}))
     )
-    before, network, x_before = _solved(inst)
     m = OpenMarket(**{**before.__dict__, "bid_room": np.array([0.0, 1.0])})  # w gone
 
     with mock.patch.object(resolve, "welfare_flow", side_effect=AssertionError("a part")):
@@ -193,12 +191,7 @@ def test_a_large_part_is_solved_whole():
 
 
 def test_rooms_that_are_not_whole_are_left_to_the_lp():
-    inst = Instance(
-        tiers=(Tier("A", 2),),
-        tenants=(Tenant("T", weight=0.0),),
-        bids=(Bid("w", "T", 2, {"A": 10}),),
-    )
-    before, network, x_before = _solved(inst)
+    before, network, x_before = _one_team((Tier("A", 2),), (Bid("w", "T", 2, {"A": 10}),))
     m = OpenMarket(**{**before.__dict__, "tier_room": np.array([1.5])})
 
     assert resolve.welfare_flow_near(network, m, before, x_before) is None
