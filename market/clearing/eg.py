@@ -579,9 +579,11 @@ class _System:
         kb, v = rows.kb, rows.v
         n, T = omega.size, gam.size
         self.dinv, self.inv_sig = 1.0 / d, 1.0 / sig
-        # Per bid: each arc's sum over the bid's other arcs.
-        self.others = rows.others(self.dinv)
-        self.denom = self.inv_sig[kb] + self.dinv + self.others
+        self.sig_k = self.inv_sig[kb]  # each arc's bid's
+        # Per bid: each arc's sum of 1/d over the bid's other arcs, plus the bid's 1/sig
+        # (``base``); with the arc's own 1/d it makes denom, the same for every arc of a bid.
+        self.base = self.sig_k + rows.others(self.dinv)
+        self.a = self.dinv / (self.base + self.dinv)
         self.qv = self._per_bid(v)
         self.t_den = 1.0 + omega * rows.values(self.qv)
         # The tier columns Z = P^-1 A' (P: all but the tier terms), never as K x T arrays.
@@ -590,39 +592,45 @@ class _System:
         # tier of each other arc j of its bid (a_k = dinv_k / denom). What these rows are
         # multiplied by is summed as differences over the pairs (k, j) of one bid: a total
         # less a part would lose every digit once a bid fills (see above).
-        self.a = self.dinv / self.denom
-        own = self.dinv * (self.inv_sig[kb] + self.others) / self.denom
+        own = self.a * self.base
         self.coef = omega / self.t_den
         # V Q^-1 A' (n, T): arc j's row of V times its column block, v_j own_j less the
         # others' v_k a_k dinv_j, is dinv_j / denom (v_j inv_sig + sum_k (v_j - v_k) dinv_k).
-        spread = rows.spread(self.dinv, v)
-        per_arc = self.a * (v * self.inv_sig[kb] + spread)
+        per_arc = self.a * (v * self.sig_k + rows.spread(self.dinv, v))
         cell = rows.cell
         self.VQA = np.bincount(cell, weights=per_arc, minlength=n * T).reshape(n, T)
         # S = 1/gam + A Z, summed per tenant and tier first, then over the tenants: a tenant's
         # term nearly cancels its bids' terms when it is split between tiers (an (n, T, T)
         # array: 640k numbers at 10k tenants and 8 tiers).
         qv_tier = np.bincount(cell, weights=self.qv, minlength=n * T).reshape(n, T)
-        cross = np.bincount(
-            rows.cross_cell, weights=_shifted(rows.groups, self.a, self.dinv), minlength=n * T * T
-        ).reshape(n, T, T)
+        # (float even with no pairs: bincount of no weights is an integer array)
+        cross = (
+            np.bincount(
+                rows.cross_cell,
+                weights=_shifted(rows.groups, self.a, self.dinv),
+                minlength=n * T * T,
+            )
+            .astype(float, copy=False)
+            .reshape(n, T, T)
+        )
         diag = np.bincount(cell, weights=own, minlength=n * T).reshape(n, T)
-        per_tenant = -cross - (qv_tier * self.coef[:, None])[:, :, None] * self.VQA[:, None, :]
-        per_tenant[:, np.arange(T), np.arange(T)] += diag
-        self.S = np.diag(1.0 / gam) + per_tenant.sum(axis=0)
+        # Each tenant's -(cross + outer - diag), in place in ``cross`` (one (n, T, T) array
+        # more, not three).
+        cross += (qv_tier * self.coef[:, None])[:, :, None] * self.VQA[:, None, :]
+        cross.reshape(n, T * T)[:, :: T + 1] -= diag
+        self.S = np.diag(1.0 / gam) - cross.sum(axis=0)
 
     def _z_times(self, c: np.ndarray) -> np.ndarray:
         """Z c for a T-vector c: (Q^-1 A' c)_k = a_k (inv_sig c_k + sum_j dinv_j (c_k - c_j))
         over the other arcs j of k's bid, c_k the price of k's tier."""
         rows = self.rows
         ck = c[rows.kt]
-        qa = self.a * (self.inv_sig[rows.kb] * ck + rows.spread(self.dinv, ck))
+        qa = self.a * (self.sig_k * ck + rows.spread(self.dinv, ck))
         return qa - self.qv * (self.coef * (self.VQA @ c))[rows.ki]
 
     def _per_bid(self, y: np.ndarray) -> np.ndarray:
         """Q^-1 y, Q = diag(d) + B' diag(sig) B, bid by bid."""
-        num = y * (self.inv_sig[self.rows.kb] + self.others) - self.rows.others(self.dinv * y)
-        return self.dinv * num / self.denom
+        return self.a * (y * self.base - self.rows.others(self.dinv * y))
 
     def _blocks(self, r: np.ndarray) -> np.ndarray:
         rows = self.rows
