@@ -38,7 +38,7 @@ from .errors import SolverError
 from .guarantee import guarantee_and_fair
 from .program import guarantee_rows, market_program, residual, utility_rows
 from .rounding import round_whole
-from .rules import EPS, Market, OpenMarket, Outcome, open_market
+from .rules import EPS, Market, OpenMarket, Outcome, open_market, unique_inverse
 from .values import tenant_values
 
 # The objective is a budget-weighted mean of logs (weights sum to 1), so a duality gap of
@@ -82,7 +82,7 @@ def _solve_eg(
     """Arc GPUs (E,), tier duals (T,) per unit of normalised budget, seconds, status."""
     T = om.tier_room.size
     buyers, t_row = np.unique(tenant[om.arc_bid[cols]], return_inverse=True)
-    bids, b_row = np.unique(om.arc_bid[cols], return_inverse=True)
+    bids, b_row = unique_inverse(om.arc_bid[cols])
     # Each buyer's utility in units of its own best value per GPU: log(u / s) differs from
     # log u by a constant, so the optimum and the tier duals are the same, but utilities are
     # about the number of GPUs won whatever the spread of values across tenants. One scale

@@ -35,7 +35,7 @@ from .errors import SolverError
 from .guarantee import guarantee_and_fair
 from .program import Skeleton, guarantee_rows, market_program, residual, utility_rows
 from .rounding import round_whole
-from .rules import EPS, Market, OpenMarket, Outcome, gangs_whole, open_market
+from .rules import EPS, Market, OpenMarket, Outcome, gangs_whole, open_market, unique_inverse
 from .values import tenant_values
 
 MILP_COLUMNS = 600  # whole-GPU programs up to this many arcs are solved exactly
@@ -154,7 +154,7 @@ def _settled_first(
     x_at = np.zeros(E)
     x_at[sk.cols] = start.values["x"]
     mu_at = np.zeros(a.n_bids)
-    bids = np.unique(bid)
+    bids, _ = unique_inverse(bid)
     mu_at[bids] = start.duals["quantity"]
     pi_at = np.asarray(start.duals["capacity"], dtype=float)
     share_at = np.asarray(start.duals["share"], dtype=float)
@@ -181,7 +181,7 @@ def _settled_first(
         rest = market_program(market, residual(om, gpus), what="maxmin problem (unsettled bids)")
         rest.program.bounds(_fair_rows(rest, market, v=v, e=e, g=g, held=more), lo=tau)
         still = np.flatnonzero(g - more > EPS)
-        rest_bids = np.unique(a.arc_bid[rest.cols])
+        rest_bids, _ = unique_inverse(a.arc_bid[rest.cols])
         begun = lp.Start(
             values={"x": x_at[rest.cols]},
             duals={
@@ -254,7 +254,7 @@ def _interior_start(
     ):
         return None
     a = market.arrays
-    bids, b_row = np.unique(a.arc_bid[sk.cols], return_inverse=True)
+    bids, b_row = unique_inverse(a.arc_bid[sk.cols])
     tenants, t_row = np.unique(a.arc_tenant[sk.cols], return_inverse=True)
     if tenants.size * market.tier_room.size**2 > eg.MAX_BLOCK:
         return None

@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import lp
-from .rules import EPS, Market, OpenMarket
+from .rules import EPS, Market, OpenMarket, unique_inverse
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def market_program(
         rows = np.full(cols.size, -1)
         rows[c >= 0] = g_row
         p.constrain("cap", [(x, lp.incidence(rows, groups.size))], hi=om.group_room[groups])
-    bids, b_row = np.unique(bid, return_inverse=True)
+    bids, b_row = unique_inverse(bid)
     p.constrain("quantity", [(x, lp.incidence(b_row, bids.size))], hi=om.bid_room[bids])
     if has_gangs:
         _gang_rows(market, p, x, bid, gang_arc)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from market.clearing import MECHANISMS, Bid, Instance, Tenant, Tier, clear, fisher, maxmin
+from market.clearing.rules import unique_inverse
 
 TIMINGS = {"build_seconds", "solve_seconds", "rounding_seconds", "total_seconds"}
 
@@ -150,3 +152,14 @@ def test_invariants_through_the_interior_point(inst, divisible, policy):
 
 def test_every_mechanism_is_covered():
     assert set(MECHANISMS) == {"welfare", "fisher", "maxmin"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.integers(min_value=-3, max_value=40), max_size=60), ordered=st.booleans())
+def test_unique_inverse_is_numpys_unique_with_its_inverse(keys, ordered):
+    values = np.array(sorted(keys) if ordered else keys, dtype=np.int64)
+    got, inverse = unique_inverse(values)
+    want, want_inverse = np.unique(values, return_inverse=True)
+    assert got.tolist() == want.tolist()
+    assert inverse.tolist() == want_inverse.tolist()
+    assert got[inverse].tolist() == values.tolist()
