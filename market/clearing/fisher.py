@@ -1,7 +1,7 @@
 """Fisher market: Eisenberg-Gale proportional fairness with budgets, under the guarantee.
 
 max  sum_i B_i log u_i,  u_i = h_i + sum_{e of i} v_e x_e   (h_i: value of a reserved quota)
-s.t. the market's constraints, and u_i >= g_i (the guarantee, guarantee.guarantee_and_fair)
+s.t. the market's constraints, and u_i >= g_i (the guarantee, guarantee.guarantee_values)
 
 B_i is the tenant's budget where one is set (credits per hour); otherwise the market's money,
 M = what every bid could pay at most, shared in proportion to the weights. A tenant with
@@ -35,7 +35,7 @@ import scipy.sparse as sp
 
 from . import eg, lp
 from .errors import SolverError
-from .guarantee import guarantee_and_fair
+from .guarantee import guarantee_values
 from .program import guarantee_rows, market_program, residual, utility_rows
 from .rounding import round_whole
 from .rules import EPS, Market, OpenMarket, Outcome, open_market, unique_inverse
@@ -243,7 +243,7 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
     values = tenant_values(market, params["values"])
     v = values[a.arc_tenant, a.arc_tier]
     budget, left_out = buyer_budgets(market)
-    g, _, fair = guarantee_and_fair(market, v)
+    g, fair = guarantee_values(market, values)
     held = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
     om = open_market(market)
     cols = program_arcs(market, om, v, budget)

@@ -1,7 +1,7 @@
 """Weighted max-min fairness of normalised shares, then a Pareto fill.
 
 e_i: the value to tenant i of its weighted equal split (fractional shares;
-guarantee.guarantee_and_fair),
+guarantee.guarantee_values),
 g_i: its guarantee (the same, shares floored to whole GPUs in whole-GPU mode). u_i = sum of
 v_e x_e over its arcs, v from the tenant values (values.tenant_values).
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from . import eg, highs, lp
 from .errors import SolverError
-from .guarantee import guarantee_and_fair
+from .guarantee import guarantee_values
 from .program import Skeleton, guarantee_rows, market_program, residual, utility_rows
 from .rounding import round_whole
 from .rules import EPS, Market, OpenMarket, Outcome, gangs_whole, open_market, unique_inverse
@@ -328,7 +328,7 @@ def maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:
     time_limit = float(params["time_limit"])
     values = tenant_values(market, params["values"])
     v = values[a.arc_tenant, a.arc_tier]
-    g, _, e = guarantee_and_fair(market, v)
+    g, e = guarantee_values(market, values)
     held = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
     om = open_market(market)
     common = dict(v=v, e=e, g=g, held=held, market=market, om=om, time_limit=time_limit)

@@ -10,7 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from market.clearing import MECHANISMS, Bid, Instance, Tenant, Tier, clear, fisher, maxmin
-from market.clearing.rules import unique_inverse
+from market.clearing.guarantee import guarantee_and_fair, guarantee_values
+from market.clearing.inputs import instance_arrays
+from market.clearing.rules import build_market, unique_inverse
 
 TIMINGS = {"build_seconds", "solve_seconds", "rounding_seconds", "total_seconds"}
 
@@ -163,3 +165,19 @@ def test_unique_inverse_is_numpys_unique_with_its_inverse(keys, ordered):
     assert got.tolist() == want.tolist()
     assert inverse.tolist() == want_inverse.tolist()
     assert got[inverse].tolist() == values.tolist()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(inst=instances(), divisible=st.booleans(), values=st.lists(st.integers(0, 9), min_size=12))
+def test_the_greedy_guarantee_is_the_path_searchs(inst, divisible, values):
+    """guarantee_values (a tenant's tiers by value over the polymatroid of what its bids can
+    fill) gives each tenant the value of the best bundle guarantee_and_fair's path search
+    finds, whole shares and fractional, for values that are a tenant's own per tier."""
+    market = build_market(instance_arrays(inst), divisible=divisible)
+    a = market.arrays
+    table = np.array(values[: a.n_tenants * a.n_tiers] + [0] * 12, dtype=float)
+    table = table[: a.n_tenants * a.n_tiers].reshape(a.n_tenants, a.n_tiers)
+    g, fair = guarantee_values(market, table)
+    want_g, _, want_fair = guarantee_and_fair(market, table[a.arc_tenant, a.arc_tier])
+    assert np.allclose(g, want_g, rtol=1e-9, atol=1e-9)
+    assert np.allclose(fair, want_fair, rtol=1e-9, atol=1e-9)
