@@ -58,6 +58,8 @@ PENALTY = 1e3  # rho_i = PENALTY * w_i / g_i: a guarantee's dual is far below it
 MAX_STEPS = 80
 MAX_BLOCK = 20_000_000  # tenants x tiers x tiers held at once in a step (8 bytes each)
 CG_STEPS = 50  # conjugate-gradient iterations per system at most
+# ... and this many in a row without halving the least residual end them (see _System.solve).
+CG_STALL = 5
 SOLVE_TOL = 1e-8  # a system is solved when its residual is this small, relative to its right side
 # The same for ``interior``: its point only starts a crossover, and the linear program's
 # systems take several conjugate-gradient steps more to 1e-8 (5 a system, against 2).
@@ -653,11 +655,16 @@ class _System:
         )
 
     def solve(self, rhs: np.ndarray) -> np.ndarray:
+        """x with the system times x within ``tol`` of ``rhs``, relative; or, when conjugate
+        gradients stop gaining (CG_STALL products without halving the least residual yet,
+        as on the last systems of a path, solved to rounding), the x of the least residual."""
         x = self._blocks(rhs)
         r = rhs - self._times(x)
         size = float(np.linalg.norm(rhs))
-        if np.linalg.norm(r) <= self.tol * size:
+        least = float(np.linalg.norm(r))
+        if least <= self.tol * size:
             return x
+        best, since = x, 0
         z = self._blocks(r)
         p, rz = z.copy(), float(r @ z)
         for _ in range(CG_STEPS):
@@ -667,9 +674,17 @@ class _System:
                 break
             step = rz / curvature
             x, r = x + step * p, r - step * hp
-            if np.linalg.norm(r) <= self.tol * size:
+            residual = float(np.linalg.norm(r))
+            if residual <= self.tol * size:
+                return x
+            if residual < least:
+                best, since = x, since + 1 if residual > 0.5 * least else 0
+                least = residual
+            else:
+                since += 1
+            if since >= CG_STALL:
                 break
             z = self._blocks(r)
             rz, rz_old = float(r @ z), rz
             p = z + (rz / rz_old) * p
-        return x
+        return best

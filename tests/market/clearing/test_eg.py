@@ -255,3 +255,40 @@ def test_reserved_quotas_that_fill_tiers_clear_through_the_interior_point(monkey
         assert _utilities(structured, inst).sum() == pytest.approx(
             _utilities(plain, inst).sum(), rel=1e-6
         )
+
+
+def test_conjugate_gradients_stop_once_they_stop_gaining_and_keep_the_least_residual(monkeypatch):
+    """A system asked for more than rounding allows (tolerance 0) ends after CG_STALL
+    products without halving the least residual, not after CG_STEPS, and answers the x of
+    the least residual seen."""
+    seen: list[eg._System] = []
+    real = eg._System.__init__
+
+    def keep(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        seen.append(self)
+
+    monkeypatch.setattr(eg._System, "__init__", keep)
+    p = _program(3, guarantee=0.5)
+    assert eg.solve(p, time_limit=60) is not None
+    system = seen[-1]  # the last step's: near the optimum, the worst conditioned
+    rhs = np.random.default_rng(0).standard_normal(system.d.size)
+    calls = []
+    times = system._times
+
+    def counted(y):
+        calls.append(1)
+        return times(y)
+
+    system.tol = 0.0
+    system._times = counted
+    x = system.solve(rhs)
+    products = len(calls)
+    assert products < 2 + eg.CG_STEPS  # it stopped before the cap ...
+    assert products >= 1 + eg.CG_STALL  # ... once CG_STALL products gained nothing
+    # Its answer is the best it saw: no iterate has a smaller true residual.
+    size = np.linalg.norm(rhs - times(x))
+    system.tol = 1e-300  # each earlier stopping point, by capping the steps
+    for steps in range(products - 2):
+        monkeypatch.setattr(eg, "CG_STEPS", steps)
+        assert size <= 1.0001 * np.linalg.norm(rhs - times(system.solve(rhs)))
