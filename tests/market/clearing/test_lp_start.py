@@ -402,13 +402,13 @@ def test_a_column_the_start_uses_stays_in_however_its_duals_price_it(monkeypatch
     used = np.where(p.arc_tier < 2, np.maximum(point.x, 2 * highs.OUT_MASS), point.x)
     rough = dataclasses.replace(point, x=used, pi=point.pi + np.r_[1e3, 1e3, 0, 0] * float(c.max()))
     spied = []
-    original_part = highs._part
+    original_part = highs._Lp.part
 
     def spy_part(lp, sub, rows, cols):
         spied.append(cols)
         return original_part(lp, sub, rows, cols)
 
-    monkeypatch.setattr(highs, "_part", spy_part)
+    monkeypatch.setattr(highs._Lp, "part", spy_part)
     started = prog.maximise([(x, c)], start=_start(p, rough))
     kept = spied[0]
     assert np.isin(np.flatnonzero(p.arc_tier < 2), kept).all()
