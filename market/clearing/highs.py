@@ -101,7 +101,7 @@ def solve(
     lp = _Lp.of(cost, A, row_lo, row_hi, col_lo, col_hi, integer if mip else None)
     deadline = time.perf_counter() + float(time_limit)
     if start is not None and not mip:
-        found = _from_start(lp, A, start, time_limit=START_SHARE * float(time_limit))
+        found = _from_start(lp, start, time_limit=START_SHARE * float(time_limit))
         if found is not None:
             return found
     began = time.perf_counter() if start is None or mip else deadline - float(time_limit)
@@ -154,7 +154,6 @@ def _run(lp: _Lp, *, mip: bool, ipm: bool, crossover: bool, deadline: float):
 
 def _from_start(
     lp: _Lp,
-    A: sp.csc_matrix,
     start: tuple[np.ndarray, np.ndarray],
     *,
     time_limit: float,
@@ -170,6 +169,7 @@ def _from_start(
     none does. Every column left out is then at its bound 0 with a reduced cost that does not
     ask to enter: the answer is an optimal vertex of the whole LP."""
     began = time.perf_counter()
+    A = lp.A
     x = np.clip(np.asarray(start[0], dtype=float), lp.col_lo, lp.col_hi)
     y = np.asarray(start[1], dtype=float)
     cost, lower = lp.cost, lp.col_lo

@@ -75,9 +75,8 @@ def unique_inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     already (the bids of arcs in arc order, say): 1 ms against 19 ms for 200k arcs."""
     if keys.size and np.any(keys[1:] < keys[:-1]):
         return np.unique(keys, return_inverse=True)
-    new = np.ones(keys.size, dtype=bool)
-    np.not_equal(keys[1:], keys[:-1], out=new[1:])
-    return keys[new], np.cumsum(new) - 1
+    starts = segment_starts(keys)
+    return keys[starts], np.repeat(np.arange(starts.size), np.diff(np.append(starts, keys.size)))
 
 
 def fill_in_order(segment: np.ndarray, wanted: np.ndarray, room: np.ndarray) -> np.ndarray:
