@@ -72,11 +72,14 @@ def segment_starts(keys: np.ndarray) -> np.ndarray:
 
 def unique_inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(keys, return_inverse=True)``, without its sort when ``keys`` are sorted
-    already (the bids of arcs in arc order, say): 1 ms against 19 ms for 200k arcs."""
+    already (the bids of arcs in arc order, say). For 200k sorted keys, best of 30: 2.7-4.0 ms
+    against 5.6-8.1 ms for numpy's with the inverse, 16-20 ms for ``np.unique(keys)`` alone."""
     if keys.size and np.any(keys[1:] < keys[:-1]):
         return np.unique(keys, return_inverse=True)
     starts = segment_starts(keys)
-    return keys[starts], np.repeat(np.arange(starts.size), np.diff(np.append(starts, keys.size)))
+    first = np.zeros(keys.size, dtype=np.int64)
+    first[starts] = 1
+    return keys[starts], np.cumsum(first) - 1
 
 
 def fill_in_order(segment: np.ndarray, wanted: np.ndarray, room: np.ndarray) -> np.ndarray:
