@@ -296,7 +296,14 @@ def partitioned(args, sizes) -> None:
     )
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         for tenants, bids, tiers in sizes:
-            inst = instance(tenants, bids, tiers, gang_share=args.gang_share, weight=args.weight)
+            inst = instance(
+                tenants,
+                bids,
+                tiers,
+                seed=args.seed,
+                gang_share=args.gang_share,
+                weight=args.weight,
+            )
             for policy in args.policies.split(","):
                 params = {"time_limit": args.time_limit}
                 start = time.perf_counter()
@@ -342,6 +349,7 @@ def main() -> None:
         "--max-fair-bids", type=int, default=10_000, help="skip fisher/maxmin above this many bids"
     )
     parser.add_argument("--gang-share", type=float, default=0.0, help="fraction of gang bids")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random instances")
     parser.add_argument(
         "--weight", type=float, default=1.0, help="every tenant's weight (0: no guarantee)"
     )
@@ -380,7 +388,9 @@ def main() -> None:
         f"{'arrays':>7} {'a/mcf':>6}  status"
     )
     for tenants, bids, tiers in sizes:
-        inst = instance(tenants, bids, tiers, gang_share=args.gang_share, weight=args.weight)
+        inst = instance(
+            tenants, bids, tiers, seed=args.seed, gang_share=args.gang_share, weight=args.weight
+        )
         for policy in args.policies.split(","):
             if policy != "welfare" and bids > args.max_fair_bids:
                 print(f"{policy:8} {tenants:7} {bids:7} {tiers:5}  skipped (> --max-fair-bids)")

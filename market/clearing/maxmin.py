@@ -25,7 +25,7 @@ reserve, so that nobody left wanting was outbid at the price; winners pay min(pr
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -312,6 +312,14 @@ def _split_is_best(
     return bool(((e > EPS) & (e >= most * (1.0 - 1e-9))).any())
 
 
+def share_priority(held: np.ndarray, denom: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Rounding's priority (rounding.round_whole, higher first): the lowest share ratio
+    (held + utility) / e_i first; a tenant not counted (``denom`` infinite: no share) after
+    every tenant that is, as max-min fairness does not count it."""
+    counted = np.isfinite(denom)
+    return lambda utility: np.where(counted, -(utility + held) / denom, -np.inf)
+
+
 def _worst_ratio(
     x: np.ndarray, held: np.ndarray, v: np.ndarray, denom: np.ndarray, market: Market
 ) -> float:
@@ -366,8 +374,9 @@ def maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:
             arc_tenant=a.arc_tenant,
             arc_value=v,
             guarantee=g - held,
-            priority=lambda utility: -(utility + held) / denom,
+            priority=share_priority(held, denom),
             gang_min=gang_min,
+            lowest_first=True,
         )
         loss = _worst_ratio(x, held, v, denom, market) - _worst_ratio(whole, held, v, denom, market)
         x = whole

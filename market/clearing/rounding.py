@@ -12,6 +12,15 @@ a tenant's GPU goes to its arc with the largest fractional part that still has r
 bid id, then tier). Priorities are recomputed between passes, so a tenant that got a GPU
 falls back behind the others, as the mechanism would have it. A gang bid that ends below
 its minimum is dropped to 0, which no hard constraint forbids.
+
+Lowest first (``lowest_first``, max-min fairness): a pass is open only to the tenants that
+come no later, in the order above, than the earliest place any tenant reaches with the GPU
+it would take next. So no tenant gets a GPU while another, even after its own next GPU,
+would still come before it: a tenant left furthest behind with two GPUs to come gets both
+before a tenant ahead of it gets one. It is done twice, once with each tenant's GPU going to
+its arc of most value by the fractions (fractional part times the tenant's value of the
+arc) and once by largest fractional part, and the better is kept: the one whose tenant
+furthest behind comes later in the order above, then the one of more value.
 """
 
 from __future__ import annotations
@@ -33,16 +42,68 @@ def round_whole(
     guarantee: np.ndarray,
     priority: Callable[[np.ndarray], np.ndarray],
     gang_min: np.ndarray,
+    lowest_first: bool = False,
 ) -> np.ndarray:
     """Whole GPUs per arc (E,). ``priority(utility (N,)) -> (N,)``, higher goes first;
-    gang_min (B,): GPUs a kept gang bid needs, 0 otherwise."""
+    gang_min (B,): GPUs a kept gang bid needs, 0 otherwise; ``lowest_first``: the rule of
+    max-min fairness (module docstring)."""
+    rule = dict(
+        x=x,
+        arc_tenant=arc_tenant,
+        arc_value=arc_value,
+        guarantee=guarantee,
+        priority=priority,
+        gang_min=gang_min,
+    )
+    if not lowest_first:
+        return _rounded(m, **rule, by_value=False, lowest_first=False)
+    # Each GPU where its tenant's fractions give it most value serves the tenant best but
+    # can crowd a tier that the fractions spread over several tenants; the largest
+    # fractions keep to that spread. Both are made and the better one is kept: the one
+    # whose tenant furthest behind is further on, then the one of more value.
+    made = [_rounded(m, **rule, by_value=by_value, lowest_first=True) for by_value in (True, False)]
+    return max(made, key=lambda xi: _standing(xi, **rule))
+
+
+def _standing(
+    xi: np.ndarray,
+    *,
+    arc_tenant: np.ndarray,
+    arc_value: np.ndarray,
+    guarantee: np.ndarray,
+    priority: Callable[[np.ndarray], np.ndarray],
+    **_: object,
+) -> tuple[float, float, float]:
+    """How good a rounding is, larger better: the place (``_keys``) of its tenant furthest
+    behind, then its total value."""
+    utility = np.bincount(arc_tenant, weights=arc_value * xi, minlength=guarantee.size)
+    first, second = _keys(utility, guarantee, priority(utility))
+    worst = np.lexsort((second, first))[0]
+    return float(first[worst]), float(second[worst]), float(utility.sum())
+
+
+def _rounded(
+    m: OpenMarket,
+    *,
+    x: np.ndarray,
+    arc_tenant: np.ndarray,
+    arc_value: np.ndarray,
+    guarantee: np.ndarray,
+    priority: Callable[[np.ndarray], np.ndarray],
+    gang_min: np.ndarray,
+    by_value: bool,
+    lowest_first: bool,
+) -> np.ndarray:
+    """``round_whole`` by one rule: each tenant's candidates by fractional part, or by
+    fractional part times value (``by_value``); passes open to all, or ``lowest_first``."""
     T, B, G, N = m.tier_room.size, m.bid_room.size, m.group_room.size, guarantee.size
     xi = np.floor(x + EPS)
     frac = x - xi
     capped = m.arc_capped >= 0
     # Candidate arcs, grouped by tenant, each tenant's in the order it would take them.
     arc = np.flatnonzero(frac > EPS)
-    arc = arc[np.lexsort((m.arc_tier[arc], m.arc_bid[arc], -frac[arc], arc_tenant[arc]))]
+    worth = frac[arc] * arc_value[arc] if by_value else frac[arc]
+    arc = arc[np.lexsort((m.arc_tier[arc], m.arc_bid[arc], -worth, arc_tenant[arc]))]
     s = _State(
         xi=xi,
         bid_left=m.bid_room - np.bincount(m.arc_bid, weights=xi, minlength=B),
@@ -55,8 +116,9 @@ def round_whole(
         taken=np.zeros(arc.size, dtype=bool),
     )
     while arc.size and s.tier_left.max(initial=0.0) >= 1.0 - EPS:
-        rank = _rank(s.utility, guarantee, priority(s.utility))
-        if not _one_pass(m, s, arc_value=arc_value, rank=rank):
+        keys = _keys(s.utility, guarantee, priority(s.utility))
+        shut = _behind(m, s, keys, arc_value, guarantee, priority) if lowest_first else None
+        if not _one_pass(m, s, arc_value=arc_value, rank=_rank(keys), shut=shut):
             break
     total = np.bincount(m.arc_bid, weights=xi, minlength=B)
     drop = (gang_min > 0) & (total < gang_min - EPS)
@@ -78,18 +140,79 @@ class _State:
     taken: np.ndarray  # (C,) bool, the candidate already got its GPU
 
 
-def _rank(utility: np.ndarray, guarantee: np.ndarray, score: np.ndarray) -> np.ndarray:
-    """(N,) each tenant's place in a pass: furthest below its guarantee, then priority, then
-    index."""
+def _keys(
+    utility: np.ndarray, guarantee: np.ndarray, score: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each tenant's place in a pass as two keys, lowest first: how far it is below its
+    guarantee (1 at or above it), then its priority ``score`` negated."""
     below = np.where(guarantee > EPS, utility / np.maximum(guarantee, EPS), np.inf)
-    order = np.lexsort((np.arange(utility.size), -score, np.minimum(below, 1.0)))
-    rank = np.empty(utility.size, dtype=np.int64)
-    rank[order] = np.arange(utility.size)
+    return np.minimum(below, 1.0), -score
+
+
+def _rank(keys: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """(N,) each tenant's place in a pass: by ``_keys``, then index."""
+    first, second = keys
+    order = np.lexsort((np.arange(first.size), second, first))
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[order] = np.arange(first.size)
     return rank
 
 
-def _one_pass(m: OpenMarket, s: _State, *, arc_value: np.ndarray, rank: np.ndarray) -> bool:
-    """One GPU to each tenant that can take one, in ``rank`` order; True if any was given.
+def _behind(
+    m: OpenMarket,
+    s: _State,
+    keys: tuple[np.ndarray, np.ndarray],
+    arc_value: np.ndarray,
+    guarantee: np.ndarray,
+    priority: Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """(N,) bool: the tenants a lowest-first pass is shut to: those that come after the
+    earliest place (``_keys``) any tenant reaches with the GPU it would take next, and
+    those that can take none. Every other tenant would get its next GPU before any tenant
+    gets a second, so one pass gives each of them one."""
+    N = keys[0].size
+    pick = _first_fits(m, s, np.floor(s.tier_left + EPS), np.zeros(N, dtype=bool))
+    who = s.owner[pick]
+    shut = np.ones(N, dtype=bool)
+    if who.size == 0:
+        return shut
+    after = s.utility.copy()
+    after[who] += arc_value[s.arc[pick]]
+    first, second = _keys(after, guarantee, priority(after))
+    j = who[np.lexsort((second[who], first[who]))[0]]
+    now_first, now_second = keys[0][who], keys[1][who]
+    shut[who] = (now_first > first[j]) | ((now_first == first[j]) & (now_second > second[j]))
+    return shut
+
+
+def _first_fits(m: OpenMarket, s: _State, room: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """Indices into ``s.arc`` of each tenant's first candidate that still fits (its bid, its
+    share-cap group and ``room`` on its tier have a GPU left), tenants ``done`` left out; in
+    the candidates' order, so grouped by tenant."""
+    g = m.arc_capped[s.arc]
+    group_ok = g < 0
+    group_ok[~group_ok] = s.group_left[g[~group_ok]] >= 1.0 - EPS
+    ok = (
+        ~s.taken
+        & ~done[s.owner]
+        & group_ok
+        & (s.bid_left[m.arc_bid[s.arc]] >= 1.0 - EPS)
+        & (room[m.arc_tier[s.arc]] >= 1.0)
+    )
+    pick = np.flatnonzero(ok)
+    return pick[np.r_[True, s.owner[pick][1:] != s.owner[pick][:-1]]] if pick.size else pick
+
+
+def _one_pass(
+    m: OpenMarket,
+    s: _State,
+    *,
+    arc_value: np.ndarray,
+    rank: np.ndarray,
+    shut: np.ndarray | None = None,
+) -> bool:
+    """One GPU to each tenant that can take one, in ``rank`` order, tenants ``shut`` left
+    out; True if any was given.
 
     Bids and share-cap groups belong to one tenant, which takes at most one GPU a pass, so
     only tier room is contested within a pass. Each tenant's first arc with room is found
@@ -98,24 +221,13 @@ def _one_pass(m: OpenMarket, s: _State, *, arc_value: np.ndarray, rank: np.ndarr
     (at most one round per tier).
     """
     room = np.floor(s.tier_left + EPS)
-    done = np.zeros(rank.size, dtype=bool)  # tenants served or passed over in this pass
+    # Tenants served or passed over in this pass.
+    done = np.zeros(rank.size, dtype=bool) if shut is None else shut.copy()
     given = False
     while True:
-        g = m.arc_capped[s.arc]
-        group_ok = g < 0
-        group_ok[~group_ok] = s.group_left[g[~group_ok]] >= 1.0 - EPS
-        ok = (
-            ~s.taken
-            & ~done[s.owner]
-            & group_ok
-            & (s.bid_left[m.arc_bid[s.arc]] >= 1.0 - EPS)
-            & (room[m.arc_tier[s.arc]] >= 1.0)
-        )
-        pick = np.flatnonzero(ok)
+        pick = _first_fits(m, s, room, done)
         if pick.size == 0:
             return given
-        # The first arc of each tenant (candidates are grouped by tenant, in its order).
-        pick = pick[np.r_[True, s.owner[pick][1:] != s.owner[pick][:-1]]]
         pick = pick[np.argsort(rank[s.owner[pick]], kind="stable")]
         tier = m.arc_tier[s.arc[pick]]
         # k-th grant on its tier, in rank order (1-based).

@@ -7,14 +7,47 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from market.clearing import maxmin
 from market.clearing.rounding import round_whole
 from market.clearing.rules import EPS, OpenMarket
 
 
-def reference(m: OpenMarket, *, x, arc_tenant, arc_value, guarantee, priority, gang_min):
-    """The rule as documented, one GPU at a time: in each pass the tenants in order
-    (furthest below guarantee, priority, index) take one GPU each on their first arc, by
-    largest fractional part (then bid, tier), that still has room."""
+def reference(m: OpenMarket, *, lowest_first=False, **case):
+    """The rule as documented; lowest first, the better of its two orders of arcs: the
+    one whose tenant furthest behind comes later, then the one of more value."""
+    if not lowest_first:
+        return one_rule(m, **case, by_value=False, lowest_first=False)
+
+    def standing(xi):
+        u = np.bincount(case["arc_tenant"], weights=case["arc_value"] * xi, minlength=N)
+        below = np.where(case["guarantee"] > EPS, u / np.maximum(case["guarantee"], EPS), np.inf)
+        places = sorted(
+            zip(np.minimum(below, 1.0).tolist(), (-case["priority"](u)).tolist(), strict=True)
+        )
+        return (*places[0], u.sum())
+
+    N = case["guarantee"].size
+    made = [one_rule(m, **case, by_value=b, lowest_first=True) for b in (True, False)]
+    return max(made, key=standing)
+
+
+def one_rule(
+    m: OpenMarket,
+    *,
+    x,
+    arc_tenant,
+    arc_value,
+    guarantee,
+    priority,
+    gang_min,
+    by_value,
+    lowest_first,
+):
+    """One GPU at a time: in each pass the tenants in order (furthest below guarantee,
+    priority, index) take one GPU each on their first arc, by largest fractional part
+    (``by_value``: fractional part times value; then bid, tier), that still has room.
+    ``lowest_first``: a pass is only for the tenants that come no later than the earliest
+    place any tenant reaches with its next GPU."""
     T, B, G, N = m.tier_room.size, m.bid_room.size, m.group_room.size, guarantee.size
     xi = np.floor(x + EPS)
     frac = x - xi
@@ -23,25 +56,46 @@ def reference(m: OpenMarket, *, x, arc_tenant, arc_value, guarantee, priority, g
     capped = m.arc_capped >= 0
     group_left = m.group_room - np.bincount(m.arc_capped[capped], weights=xi[capped], minlength=G)
     utility = np.bincount(arc_tenant, weights=arc_value * xi, minlength=N)
+    worth = frac * arc_value if by_value else frac
     arcs = {i: [] for i in range(N)}
     for e in sorted(
         np.flatnonzero(frac > EPS).tolist(),
-        key=lambda e: (-frac[e], m.arc_bid[e], m.arc_tier[e]),
+        key=lambda e: (-worth[e], m.arc_bid[e], m.arc_tier[e]),
     ):
         arcs[int(arc_tenant[e])].append(e)
+
+    def place(u):
+        below = np.where(guarantee > EPS, u / np.maximum(guarantee, EPS), np.inf)
+        score = priority(u)
+        return [(min(below[i], 1.0), -score[i]) for i in range(N)]
+
+    def fits(e):
+        g = m.arc_capped[e]
+        return (
+            bid_left[m.arc_bid[e]] >= 1.0 - EPS
+            and tier_left[m.arc_tier[e]] >= 1.0 - EPS
+            and (g < 0 or group_left[g] >= 1.0 - EPS)
+        )
+
     while tier_left.max(initial=0.0) >= 1.0 - EPS:
-        below = np.where(guarantee > EPS, utility / np.maximum(guarantee, EPS), np.inf)
-        score = priority(utility)
-        order = sorted(range(N), key=lambda i: (min(below[i], 1.0), -score[i], i))
+        now = place(utility)
+        order = sorted(range(N), key=lambda i: (now[i], i))
+        if lowest_first:
+            nexts = {i: next((e for e in arcs[i] if fits(e)), None) for i in range(N)}
+            reached = []
+            for i, e in nexts.items():
+                if e is not None:
+                    after = utility.copy()
+                    after[i] += arc_value[e]
+                    reached.append(place(after)[i])
+            order = [
+                i for i in order if nexts[i] is not None and reached and now[i] <= min(reached)
+            ]
         given = False
         for i in order:
             for e in arcs[i]:
                 g = m.arc_capped[e]
-                if (
-                    bid_left[m.arc_bid[e]] >= 1.0 - EPS
-                    and tier_left[m.arc_tier[e]] >= 1.0 - EPS
-                    and (g < 0 or group_left[g] >= 1.0 - EPS)
-                ):
+                if fits(e):
                     xi[e] += 1.0
                     bid_left[m.arc_bid[e]] -= 1.0
                     tier_left[m.arc_tier[e]] -= 1.0
@@ -105,6 +159,40 @@ def test_a_tenant_below_its_guarantee_goes_first_and_a_short_gang_is_dropped():
     assert whole.tolist() == [0, 1]
 
 
+def test_lowest_first_gives_the_tenant_furthest_behind_its_two_gpus_before_anyone_else_one():
+    # Two free GPUs of one tier. Tenant 0 holds nothing and has two bids with half a GPU
+    # each; tenant 1 holds 5 and has one with half a GPU. By passes tenant 0 and tenant 1
+    # each get one (worst utility 1); lowest first tenant 0 gets both (worst 2), since after
+    # its first it is still behind tenant 1.
+    m = market([0, 1, 2, 3], [0, 0, 0, 1], bid_room=[1, 1, 1, 5], tier_room=[2, 5])
+    case = dict(
+        x=np.array([0.5, 0.5, 0.5, 5.0]),
+        arc_tenant=np.array([0, 0, 1, 1]),
+        arc_value=np.ones(4),
+        guarantee=np.zeros(2),
+        priority=lambda u: -u,
+        gang_min=np.zeros(4),
+    )
+    assert round_whole(m, **case).tolist() == [1, 0, 1, 5]
+    assert round_whole(m, **case, lowest_first=True).tolist() == [1, 1, 0, 5]
+
+
+def test_lowest_first_puts_a_tenants_gpu_where_the_fractions_give_it_most_value():
+    # One bid split 0.6 / 0.4 over tiers worth 1 and 3 to its tenant: the largest fraction
+    # is the tier worth 1, the most value (0.6 against 1.2) the tier worth 3.
+    m = market([0, 0], [0, 1], bid_room=[1], tier_room=[1, 1])
+    case = dict(
+        x=np.array([0.6, 0.4]),
+        arc_tenant=np.array([0, 0]),
+        arc_value=np.array([1.0, 3.0]),
+        guarantee=np.zeros(1),
+        priority=lambda u: -u,
+        gang_min=np.zeros(1),
+    )
+    assert round_whole(m, **case).tolist() == [1, 0]
+    assert round_whole(m, **case, lowest_first=True).tolist() == [0, 1]
+
+
 @st.composite
 def fractional(draw):
     """A random market and a fractional allocation that fits it."""
@@ -158,10 +246,29 @@ def fractional(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(fractional())
-def test_round_whole_matches_the_one_gpu_at_a_time_rule(case):
+@given(fractional(), st.booleans())
+def test_round_whole_matches_the_one_gpu_at_a_time_rule(case, lowest_first):
     m = case.pop("m")
-    whole = round_whole(m, **case)
-    assert whole.tolist() == reference(m, **case).tolist()
+    whole = round_whole(m, **case, lowest_first=lowest_first)
+    assert whole.tolist() == reference(m, **case, lowest_first=lowest_first).tolist()
     assert (np.bincount(m.arc_tier, weights=whole, minlength=m.tier_room.size) <= m.tier_room).all()
     assert (np.bincount(m.arc_bid, weights=whole, minlength=m.bid_room.size) <= m.bid_room).all()
+
+
+def test_maxmin_rounds_a_tenant_without_a_share_after_every_tenant_with_one():
+    # One free GPU. Tenant 0 has no share (maxmin does not count it: e infinite as a
+    # denominator), tenant 1 holds 9 of a share worth 10: the GPU is tenant 1's. A share
+    # ratio of 0 for tenant 0 put it first.
+    m = market([0, 1], [0, 0], bid_room=[1, 10], tier_room=[10])
+    held, denom = np.zeros(2), np.array([np.inf, 10.0])
+    whole = round_whole(
+        m,
+        x=np.array([0.5, 9.5]),
+        arc_tenant=np.array([0, 1]),
+        arc_value=np.ones(2),
+        guarantee=np.zeros(2),
+        priority=maxmin.share_priority(held, denom),
+        gang_min=np.zeros(2),
+        lowest_first=True,
+    )
+    assert whole.tolist() == [0, 10]
