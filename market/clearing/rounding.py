@@ -8,7 +8,8 @@ in passes: in each pass every tenant may get at most one GPU, tenants taken in o
 2. the mechanism's priority at the current utilities (highest first),
 3. tenant index (names sorted), for a deterministic tie-break;
 
-a tenant's GPU goes to its arc with the largest fractional part that still has room (ties:
+and while a tenant below its guarantee can take a GPU, a pass is only for such tenants. A
+tenant's GPU goes to its arc with the largest fractional part that still has room (ties:
 bid id, then tier). Priorities are recomputed between passes, so a tenant that got a GPU
 falls back behind the others, as the mechanism would have it. A gang bid that ends below
 its minimum is dropped to 0, which no hard constraint forbids.
@@ -26,7 +27,7 @@ furthest behind comes later in the order above, then the one of more value.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -113,11 +114,17 @@ def _rounded(
         utility=np.bincount(arc_tenant, weights=arc_value * xi, minlength=N),
         arc=arc,
         owner=arc_tenant[arc],
+        tier=m.arc_tier[arc],
         taken=np.zeros(arc.size, dtype=bool),
     )
-    while arc.size and s.tier_left.max(initial=0.0) >= 1.0 - EPS:
+    while s.arc.size and s.tier_left.max(initial=0.0) >= 1.0 - EPS:
+        # A candidate that no longer fits never will (room only shrinks): left out, so
+        # that at the start of a pass every candidate fits.
+        s = s.fitting(m)
+        if s.arc.size == 0:
+            break
         keys = _keys(s.utility, guarantee, priority(s.utility))
-        shut = _behind(m, s, keys, arc_value, guarantee, priority) if lowest_first else None
+        shut = _shut(s, keys, arc_value, guarantee, priority, lowest_first=lowest_first)
         if not _one_pass(m, s, arc_value=arc_value, rank=_rank(keys), shut=shut):
             break
     total = np.bincount(m.arc_bid, weights=xi, minlength=B)
@@ -128,7 +135,7 @@ def _rounded(
 
 @dataclass(frozen=True)
 class _State:
-    """What the passes change, in place."""
+    """What the passes change, in place; the candidates are left out as they stop fitting."""
 
     xi: np.ndarray  # (E,) whole GPUs per arc
     bid_left: np.ndarray  # (B,) room left
@@ -137,7 +144,34 @@ class _State:
     utility: np.ndarray  # (N,) value of xi to each tenant
     arc: np.ndarray  # (C,) candidate arcs, grouped by tenant, in the order it takes them
     owner: np.ndarray  # (C,) the tenant of each candidate
+    tier: np.ndarray  # (C,) its tier
     taken: np.ndarray  # (C,) bool, the candidate already got its GPU
+
+    def fitting(self, m: OpenMarket) -> _State:
+        """The candidates not yet taken whose bid, share-cap group and tier have a GPU left."""
+        g = m.arc_capped[self.arc]
+        group_ok = g < 0
+        group_ok[~group_ok] = self.group_left[g[~group_ok]] >= 1.0 - EPS
+        keep = np.flatnonzero(
+            ~self.taken
+            & group_ok
+            & (self.bid_left[m.arc_bid[self.arc]] >= 1.0 - EPS)
+            & (self.tier_left[self.tier] >= 1.0 - EPS)
+        )
+        return replace(
+            self,
+            arc=self.arc[keep],
+            owner=self.owner[keep],
+            tier=self.tier[keep],
+            taken=self.taken[keep],
+        )
+
+    def firsts(self, ok: np.ndarray | None = None) -> np.ndarray:
+        """Indices of each tenant's first candidate (of those ``ok``)."""
+        pick = np.flatnonzero(ok) if ok is not None else np.arange(self.arc.size)
+        return (
+            pick[np.r_[True, self.owner[pick][1:] != self.owner[pick][:-1]]] if pick.size else pick
+        )
 
 
 def _keys(
@@ -158,49 +192,37 @@ def _rank(keys: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     return rank
 
 
-def _behind(
-    m: OpenMarket,
+def _shut(
     s: _State,
     keys: tuple[np.ndarray, np.ndarray],
     arc_value: np.ndarray,
     guarantee: np.ndarray,
     priority: Callable[[np.ndarray], np.ndarray],
-) -> np.ndarray:
-    """(N,) bool: the tenants a lowest-first pass is shut to: those that come after the
-    earliest place (``_keys``) any tenant reaches with the GPU it would take next, and
-    those that can take none. Every other tenant would get its next GPU before any tenant
-    gets a second, so one pass gives each of them one."""
+    *,
+    lowest_first: bool,
+) -> np.ndarray | None:
+    """(N,) bool: the tenants the next pass is shut to (None: none), every candidate of
+    ``s`` fitting. While a tenant below its guarantee can take a GPU, every tenant that is
+    not below it. Lowest first, also those that come after the earliest place (``_keys``)
+    any tenant reaches with the GPU it would take next: every other tenant would get its
+    next GPU before any tenant gets a second, so one pass gives each of them one."""
     N = keys[0].size
-    pick = _first_fits(m, s, np.floor(s.tier_left + EPS), np.zeros(N, dtype=bool))
+    pick = s.firsts()
     who = s.owner[pick]
     shut = np.ones(N, dtype=bool)
-    if who.size == 0:
+    if lowest_first:
+        after = s.utility.copy()
+        after[who] += arc_value[s.arc[pick]]
+        first, second = _keys(after, guarantee, priority(after))
+        j = who[np.lexsort((second[who], first[who]))[0]]
+        now_first, now_second = keys[0][who], keys[1][who]
+        shut[who] = (now_first > first[j]) | ((now_first == first[j]) & (now_second > second[j]))
         return shut
-    after = s.utility.copy()
-    after[who] += arc_value[s.arc[pick]]
-    first, second = _keys(after, guarantee, priority(after))
-    j = who[np.lexsort((second[who], first[who]))[0]]
-    now_first, now_second = keys[0][who], keys[1][who]
-    shut[who] = (now_first > first[j]) | ((now_first == first[j]) & (now_second > second[j]))
+    short = who[keys[0][who] < 1.0]
+    if short.size == 0:
+        return None
+    shut[short] = False
     return shut
-
-
-def _first_fits(m: OpenMarket, s: _State, room: np.ndarray, done: np.ndarray) -> np.ndarray:
-    """Indices into ``s.arc`` of each tenant's first candidate that still fits (its bid, its
-    share-cap group and ``room`` on its tier have a GPU left), tenants ``done`` left out; in
-    the candidates' order, so grouped by tenant."""
-    g = m.arc_capped[s.arc]
-    group_ok = g < 0
-    group_ok[~group_ok] = s.group_left[g[~group_ok]] >= 1.0 - EPS
-    ok = (
-        ~s.taken
-        & ~done[s.owner]
-        & group_ok
-        & (s.bid_left[m.arc_bid[s.arc]] >= 1.0 - EPS)
-        & (room[m.arc_tier[s.arc]] >= 1.0)
-    )
-    pick = np.flatnonzero(ok)
-    return pick[np.r_[True, s.owner[pick][1:] != s.owner[pick][:-1]]] if pick.size else pick
 
 
 def _one_pass(
@@ -212,7 +234,7 @@ def _one_pass(
     shut: np.ndarray | None = None,
 ) -> bool:
     """One GPU to each tenant that can take one, in ``rank`` order, tenants ``shut`` left
-    out; True if any was given.
+    out; True if any was given. Every candidate of ``s`` fits at the start.
 
     Bids and share-cap groups belong to one tenant, which takes at most one GPU a pass, so
     only tier room is contested within a pass. Each tenant's first arc with room is found
@@ -225,11 +247,11 @@ def _one_pass(
     done = np.zeros(rank.size, dtype=bool) if shut is None else shut.copy()
     given = False
     while True:
-        pick = _first_fits(m, s, room, done)
+        pick = s.firsts(~done[s.owner] & (room[s.tier] >= 1.0))
         if pick.size == 0:
             return given
         pick = pick[np.argsort(rank[s.owner[pick]], kind="stable")]
-        tier = m.arc_tier[s.arc[pick]]
+        tier = s.tier[pick]
         # k-th grant on its tier, in rank order (1-based).
         order = np.argsort(tier, kind="stable")
         count = np.empty(pick.size, dtype=np.int64)
@@ -243,12 +265,14 @@ def _one_pass(
         s.xi[e] += 1.0
         s.taken[k] = True
         done[s.owner[k]] = True
-        np.subtract.at(s.bid_left, m.arc_bid[e], 1.0)
-        np.subtract.at(s.tier_left, m.arc_tier[e], 1.0)
-        np.subtract.at(room, m.arc_tier[e], 1.0)
+        # One GPU a tenant, and its bids and groups are its own: no index repeats.
+        s.bid_left[m.arc_bid[e]] -= 1.0
         c = m.arc_capped[e]
-        np.subtract.at(s.group_left, c[c >= 0], 1.0)
-        np.add.at(s.utility, s.owner[k], arc_value[e])
+        s.group_left[c[c >= 0]] -= 1.0
+        s.utility[s.owner[k]] += arc_value[e]
+        taken = np.bincount(tier[:stop], minlength=room.size)
+        np.subtract(s.tier_left, taken, out=s.tier_left)
+        room -= taken
         given = given or stop > 0
         if stop == pick.size:
             return given

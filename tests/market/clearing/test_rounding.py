@@ -45,7 +45,8 @@ def one_rule(
 ):
     """One GPU at a time: in each pass the tenants in order (furthest below guarantee,
     priority, index) take one GPU each on their first arc, by largest fractional part
-    (``by_value``: fractional part times value; then bid, tier), that still has room.
+    (``by_value``: fractional part times value; then bid, tier), that still has room; while
+    a tenant below its guarantee can take one, only such tenants.
     ``lowest_first``: a pass is only for the tenants that come no later than the earliest
     place any tenant reaches with its next GPU."""
     T, B, G, N = m.tier_room.size, m.bid_room.size, m.group_room.size, guarantee.size
@@ -91,6 +92,9 @@ def one_rule(
             order = [
                 i for i in order if nexts[i] is not None and reached and now[i] <= min(reached)
             ]
+        else:
+            short = [i for i in order if now[i][0] < 1.0 and any(fits(e) for e in arcs[i])]
+            order = short or order
         given = False
         for i in order:
             for e in arcs[i]:
@@ -143,6 +147,23 @@ def test_a_tier_filled_within_a_pass_sends_the_next_tenant_to_its_other_tier():
     assert whole.tolist() == [1, 0, 0, 1, 0, 0]
 
 
+def test_a_tier_closed_within_a_pass_gives_no_tenant_a_second_gpu_in_that_pass():
+    # Tier a has 2 free GPUs, tier b 1. Tenant 0 takes a, tenants 1 and 2 both want b:
+    # tenant 2 chooses again after b closes and takes a. Nobody gets two GPUs in the pass;
+    # each bid has room for one.
+    m = market([0, 1, 2, 2], [0, 1, 1, 0], bid_room=[1, 1, 1], tier_room=[2, 1])
+    whole = round_whole(
+        m,
+        x=np.array([0.5, 0.5, 0.5, 0.25]),
+        arc_tenant=np.array([0, 1, 2, 2]),
+        arc_value=np.ones(4),
+        guarantee=np.zeros(3),
+        priority=lambda u: np.array([3.0, 2.0, 1.0]) - u,
+        gang_min=np.zeros(3),
+    )
+    assert whole.tolist() == [1, 1, 0, 1]
+
+
 def test_a_tenant_below_its_guarantee_goes_first_and_a_short_gang_is_dropped():
     # One free GPU: tenant 1 is below its guarantee and takes it despite a lower priority;
     # tenant 0's gang bid (minimum 2) stays at 1 GPU and is dropped.
@@ -157,6 +178,23 @@ def test_a_tenant_below_its_guarantee_goes_first_and_a_short_gang_is_dropped():
         gang_min=np.array([2.0, 0.0]),
     )
     assert whole.tolist() == [0, 1]
+
+
+def test_tenants_below_their_guarantee_take_every_gpu_they_can_before_the_others_one():
+    # Two free GPUs. Tenant 0 is owed 2 and holds nothing, with two bids of half a GPU;
+    # tenant 1 is owed nothing and comes first by priority. Tenant 0 gets both: with one
+    # each (a pass for everyone), tenant 0 ended below its guarantee.
+    m = market([0, 1, 2], [0, 0, 0], bid_room=[1, 1, 1], tier_room=[2])
+    whole = round_whole(
+        m,
+        x=np.array([0.5, 0.5, 0.5]),
+        arc_tenant=np.array([0, 0, 1]),
+        arc_value=np.ones(3),
+        guarantee=np.array([2.0, 0.0]),
+        priority=lambda u: np.array([1.0, 5.0]),
+        gang_min=np.zeros(3),
+    )
+    assert whole.tolist() == [1, 1, 0]
 
 
 def test_lowest_first_gives_the_tenant_furthest_behind_its_two_gpus_before_anyone_else_one():
@@ -197,8 +235,8 @@ def test_lowest_first_puts_a_tenants_gpu_where_the_fractions_give_it_most_value(
 def fractional(draw):
     """A random market and a fractional allocation that fits it."""
     T = draw(st.integers(1, 4))
-    N = draw(st.integers(1, 6))
-    B = draw(st.integers(1, 12))
+    N = draw(st.integers(1, 8))
+    B = draw(st.integers(1, 16))
     bid_tenant = np.array([draw(st.integers(0, N - 1)) for _ in range(B)])
     arcs = [
         (b, t)
