@@ -101,10 +101,11 @@ def _rounded(
     xi = np.floor(x + EPS)
     frac = x - xi
     capped = m.arc_capped >= 0
-    # Candidate arcs, grouped by tenant, each tenant's in the order it would take them.
+    # Candidate arcs, grouped by tenant, each tenant's in the order it would take them (ties
+    # in arc order: by bid, then tier, as the sorts are stable).
     arc = np.flatnonzero(frac > EPS)
     worth = frac[arc] * arc_value[arc] if by_value else frac[arc]
-    arc = arc[np.lexsort((m.arc_tier[arc], m.arc_bid[arc], -worth, arc_tenant[arc]))]
+    arc = arc[np.lexsort((-worth, arc_tenant[arc]))]
     s = _State(
         xi=xi,
         bid_left=m.bid_room - np.bincount(m.arc_bid, weights=xi, minlength=B),
@@ -114,13 +115,15 @@ def _rounded(
         utility=np.bincount(arc_tenant, weights=arc_value * xi, minlength=N),
         arc=arc,
         owner=arc_tenant[arc],
+        bid=m.arc_bid[arc],
         tier=m.arc_tier[arc],
+        group=m.arc_capped[arc],
         taken=np.zeros(arc.size, dtype=bool),
     )
     while s.arc.size and s.tier_left.max(initial=0.0) >= 1.0 - EPS:
         # A candidate that no longer fits never will (room only shrinks): left out, so
         # that at the start of a pass every candidate fits.
-        s = s.fitting(m)
+        s = s.fitting()
         if s.arc.size == 0:
             break
         keys = _keys(s.utility, guarantee, priority(s.utility))
@@ -144,25 +147,25 @@ class _State:
     utility: np.ndarray  # (N,) value of xi to each tenant
     arc: np.ndarray  # (C,) candidate arcs, grouped by tenant, in the order it takes them
     owner: np.ndarray  # (C,) the tenant of each candidate
+    bid: np.ndarray  # (C,) its bid
     tier: np.ndarray  # (C,) its tier
+    group: np.ndarray  # (C,) its share-cap group, -1 if none
     taken: np.ndarray  # (C,) bool, the candidate already got its GPU
 
-    def fitting(self, m: OpenMarket) -> _State:
+    def fitting(self) -> _State:
         """The candidates not yet taken whose bid, share-cap group and tier have a GPU left."""
-        g = m.arc_capped[self.arc]
-        group_ok = g < 0
-        group_ok[~group_ok] = self.group_left[g[~group_ok]] >= 1.0 - EPS
-        keep = np.flatnonzero(
-            ~self.taken
-            & group_ok
-            & (self.bid_left[m.arc_bid[self.arc]] >= 1.0 - EPS)
-            & (self.tier_left[self.tier] >= 1.0 - EPS)
-        )
+        ok = ~self.taken & (self.bid_left[self.bid] >= 1.0 - EPS)
+        ok &= self.tier_left[self.tier] >= 1.0 - EPS
+        capped = np.flatnonzero(self.group >= 0)
+        ok[capped] &= self.group_left[self.group[capped]] >= 1.0 - EPS
+        keep = np.flatnonzero(ok)
         return replace(
             self,
             arc=self.arc[keep],
             owner=self.owner[keep],
+            bid=self.bid[keep],
             tier=self.tier[keep],
+            group=self.group[keep],
             taken=self.taken[keep],
         )
 
@@ -266,8 +269,8 @@ def _one_pass(
         s.taken[k] = True
         done[s.owner[k]] = True
         # One GPU a tenant, and its bids and groups are its own: no index repeats.
-        s.bid_left[m.arc_bid[e]] -= 1.0
-        c = m.arc_capped[e]
+        s.bid_left[s.bid[k]] -= 1.0
+        c = s.group[k]
         s.group_left[c[c >= 0]] -= 1.0
         s.utility[s.owner[k]] += arc_value[e]
         taken = np.bincount(tier[:stop], minlength=room.size)
