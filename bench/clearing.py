@@ -295,6 +295,19 @@ def partitioned(args, sizes) -> None:
         f"{'exact':>8} {'split':>8} {'divide':>7} {'slowest':>8} {'loss':>7}"
     )
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        # The platform's Celery workers are long-lived: their imports and first calls are
+        # paid once, not in a round. So are the pool's here, on a small round of each policy
+        # in as many parts as there are processes, twice over (the first policy measured
+        # cold took 6 s more of a million-bid clear than the same policy warm).
+        small = instance_arrays(instance(200, 2_000, 4, seed=args.seed + 1))
+        for policy in args.policies.split(","):
+            for _ in range(2):
+                clear_partitioned(
+                    small,
+                    parts=2 * args.workers,
+                    clear_part=partial(clear_part, mechanism=policy, params=None),
+                    map_parts=_on_pool(pool, policy, None),
+                )
         for tenants, bids, tiers in sizes:
             inst = instance(
                 tenants,
