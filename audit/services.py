@@ -26,12 +26,20 @@ class AuditError(Exception):
     """The audit log could not be written or read as asked."""
 
 
-def _lock_chain() -> None:
+def _head_locked() -> tuple[int, str]:
+    """The seq and hash of the chain's last event (0 and the genesis hash when there is none),
+    read under the chain's lock, which is held until the transaction ends."""
     # Appends must be serial for the chain to be linear. On PostgreSQL a transaction-scoped
-    # advisory lock does that without a table lock; SQLite already serialises writers.
+    # advisory lock does that without a table lock, and audit_chain_head (migration 0004)
+    # takes it and then reads the head, in one round trip; SQLite already serialises writers.
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CHAIN_LOCK_KEY])
+            cursor.execute("SELECT seq, hash FROM audit_chain_head(%s)", [_CHAIN_LOCK_KEY])
+            seq, head = cursor.fetchone()  # NULLs when the chain is empty
+    else:
+        last = AuditEvent.objects.order_by("-seq").values_list("seq", "hash").first()
+        seq, head = last or (None, None)
+    return (0, GENESIS_HASH) if seq is None else (seq, head)
 
 
 def _actor_parts(actor: AbstractBaseUser | str | None) -> tuple[int | None, str]:
@@ -53,8 +61,8 @@ def _savepoints(connection: BaseDatabaseWrapper) -> list[str]:
 
 @contextmanager
 def batch() -> Iterator[None]:
-    """Events recorded inside are appended together when the block ends: one chain lock, one
-    read of the head and one INSERT for all of them, instead of three round trips each. The
+    """Events recorded inside are appended together when the block ends: one round trip for
+    the chain's lock and head and one INSERT for all of them, instead of that for each. The
     events, their order and their hashes are those that recording them one by one would give.
 
     Must run inside the transaction of the change; if the block raises, nothing is appended
@@ -82,10 +90,7 @@ def batch() -> Iterator[None]:
 def _append(events: list[AuditEvent]) -> None:
     if not events:
         return
-    _lock_chain()
-    last = AuditEvent.objects.order_by("-seq").values("seq", "hash").first()
-    seq = last["seq"] if last else 0
-    prev_hash = last["hash"] if last else GENESIS_HASH
+    seq, prev_hash = _head_locked()
     key_id, key = signing_key()
     for event in events:
         seq += 1

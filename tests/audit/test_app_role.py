@@ -78,3 +78,11 @@ def test_the_application_role_writes_rows_but_cannot_get_around_the_append_only_
             with pytest.raises(error):
                 conn.execute(sql)
     assert AuditEvent.objects.get(pk=event.pk).action == "test.event"
+
+
+def test_the_application_role_takes_the_chains_lock_and_reads_its_head(app_role):
+    with transaction.atomic():
+        event = audit.record(actor="test", action="test.event")
+    with psycopg.connect(app_role) as conn:  # a transaction, as an append runs in
+        head = conn.execute("SELECT seq, hash FROM audit_chain_head(%s)", [audit._CHAIN_LOCK_KEY])
+        assert head.fetchone() == (event.seq, event.hash)

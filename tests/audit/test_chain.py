@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 
 import audit.services as audit
 from audit.models import AuditEvent
@@ -99,8 +102,8 @@ def test_inserted_event_is_detected_and_named():
 def test_a_batch_appends_its_events_in_one_go_in_the_order_recorded(django_assert_num_queries):
     before = chainkit.events(2)
     with transaction.atomic():
-        # The test's savepoint pair, then the chain lock, the head and one INSERT.
-        with django_assert_num_queries(5), transaction.atomic(), audit.batch():
+        # The test's savepoint pair, then the chain's lock and head (one call) and one INSERT.
+        with django_assert_num_queries(4), transaction.atomic(), audit.batch():
             for i in range(3):
                 audit.record(actor="test", action="test.batched", object_id=i, after={"i": i})
     batched = list(AuditEvent.objects.filter(action="test.batched").order_by("seq"))
@@ -141,3 +144,49 @@ def test_an_event_under_a_savepoint_that_rolls_back_inside_a_batch_is_not_append
 def test_batch_outside_a_transaction_is_refused():
     with pytest.raises(audit.AuditError, match="inside the transaction"), audit.batch():
         pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_that_waited_for_the_chain_lock_chains_onto_what_its_holder_appended():
+    """Two appends from two connections: the second waits for the chain's lock while the first
+    holds it, and once the first commits it must read the head that commit left."""
+    appended, release = threading.Event(), threading.Event()
+    recorded: dict[str, AuditEvent] = {}
+    failures: list[BaseException] = []
+
+    def append(name: str, hold: bool) -> None:
+        try:
+            with transaction.atomic():
+                recorded[name] = audit.record(actor="test", action=f"test.{name}")
+                if hold:
+                    appended.set()
+                    release.wait(timeout=30)
+        except BaseException as exc:  # reported by the main thread
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=append, args=("first", True))
+    first.start()
+    assert appended.wait(timeout=30)
+    second = threading.Thread(target=append, args=("second", False))
+    second.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not _waiting_for_an_advisory_lock() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _waiting_for_an_advisory_lock(), "the second append never waited for the lock"
+    finally:
+        release.set()
+        first.join(timeout=30)
+        second.join(timeout=30)
+    assert failures == []
+    assert recorded["second"].seq == recorded["first"].seq + 1
+    assert recorded["second"].prev_hash == recorded["first"].hash
+    assert chain_verify().ok
+
+
+def _waiting_for_an_advisory_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        return cursor.fetchone()[0] > 0
