@@ -1,8 +1,12 @@
 """Bids: place, edit, cancel. Escrow for a bid is held in the ledger while it is open.
 
 Lock order, the same on every market path: round row, then bid rows (pk order), then the
-ledger's account rows (pk order, taken by ``tenants.ledger``). Placing a bid locks its round
-row, so a bid either commits before the round closes or sees it closed.
+ledger's account rows (pk order, taken by ``tenants.ledger``). Placing, editing or cancelling
+a bid share-locks its round row (FOR SHARE), so the bids of a round go side by side while
+closing the round, an update of that row, waits for those in flight: a bid either commits
+before the round closes or sees it closed. What the exclusive lock also gave, one tenant's
+bids checked against its budgets one at a time, comes from locking the tenant's accounts
+before the check (``hold_accounts_lock``).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 import audit.services as audit
 from market.errors import MarketError, RoundMissing
@@ -22,7 +26,7 @@ from market.services._common import MAX_GPUS, MAX_PRICE, cost_ceil, now_or, whol
 from tenants.access import access_object, membership_of
 from tenants.budgets import budget_check
 from tenants.errors import TenantError
-from tenants.ledger import credits_hold, credits_release
+from tenants.ledger import credits_hold, credits_release, hold_accounts_lock
 from tenants.models import Campaign, Tenant
 
 
@@ -75,17 +79,30 @@ def _terms(*, quantity: Any, min_quantity: Any, limits: Any) -> _Terms:
     return _Terms(quantity=quantity, min_quantity=min_quantity, limits=clean, tiers=tiers)
 
 
+def _round_shared(round_id: int, *, now: datetime) -> Round | None:
+    """The round if it is open for bidding at ``now``, share-locked (module docstring) until
+    the transaction ends; None otherwise, and then nothing is locked, so bids arriving after
+    the close do not hold up the update that closes it. The embedded SQLite has no row
+    locks: its writers take the whole database in turn."""
+    rows = Round.objects.filter(pk=round_id, status=Round.Status.OPEN, closes_at__gt=now)
+    if connection.vendor != "postgresql":
+        return rows.first()
+    sql, params = rows.query.sql_with_params()
+    found = list(Round.objects.raw(f"{sql} FOR SHARE", params))
+    return found[0] if found else None
+
+
 def _round_open_locked(*, round_id: int, now: datetime) -> Round:
-    try:
-        rnd = Round.objects.select_for_update().get(pk=round_id)
-    except Round.DoesNotExist:
-        raise RoundMissing(f"there is no round {round_id}") from None
-    if rnd.status != Round.Status.OPEN or rnd.closes_at <= now:
-        raise MarketError(
-            f"bidding for round {rnd.pk} closed at {rnd.closes_at:%Y-%m-%d %H:%M:%S} UTC; "
-            "bid in the round that is open now"
-        )
-    return rnd
+    rnd = _round_shared(round_id, now=now)
+    if rnd is not None:
+        return rnd
+    closed = Round.objects.filter(pk=round_id).first()
+    if closed is None:
+        raise RoundMissing(f"there is no round {round_id}")
+    raise MarketError(
+        f"bidding for round {closed.pk} closed at {closed.closes_at:%Y-%m-%d %H:%M:%S} UTC; "
+        "bid in the round that is open now"
+    )
 
 
 def _budget_or_refuse(
@@ -170,6 +187,7 @@ def bid_place(
             )
     rnd = _round_open_locked(round_id=round_id, now=now)
     escrow = bid_escrow(quantity=terms.quantity, limits=terms.limits, seconds=window_seconds(rnd))
+    hold_accounts_lock(tenant=tenant)  # the budget read below stays as read until the commit
     _budget_or_refuse(tenant=tenant, amount=escrow, campaign=campaign, now=now)
     try:
         # The savepoint is only for the race on an idempotency key (handled below); without
@@ -248,18 +266,19 @@ def _same_bid_or_refuse(
 
 
 def _bid_locked(*, tenant: Tenant, bid_id: object, now: datetime) -> tuple[Round, Bid]:
-    """The caller's open bid and its open round, both locked (round first). Another tenant's
-    bid is a 404, exactly like a missing one."""
+    """The caller's open bid and its open round, the round share-locked, then the bid locked.
+    Another tenant's bid is a 404, exactly like a missing one."""
     bid = access_object(Bid.objects.all(), tenant=tenant, pk=bid_id)
-    rnd = Round.objects.select_for_update().get(pk=bid.round_id)
+    rnd = _round_shared(bid.round_id, now=now)
+    if rnd is None:
+        closed = Round.objects.get(pk=bid.round_id)
+        raise MarketError(
+            f"bidding for round {closed.pk} closed at {closed.closes_at:%Y-%m-%d %H:%M:%S} UTC; "
+            f"bid {bid.pk} can no longer be changed"
+        )
     bid = Bid.objects.select_for_update().get(pk=bid.pk)
     if bid.status != Bid.Status.OPEN:
         raise MarketError(f"bid {bid.pk} is {bid.status}; only an open bid can be changed")
-    if rnd.status != Round.Status.OPEN or rnd.closes_at <= now:
-        raise MarketError(
-            f"bidding for round {rnd.pk} closed at {rnd.closes_at:%Y-%m-%d %H:%M:%S} UTC; "
-            f"bid {bid.pk} can no longer be changed"
-        )
     return rnd, bid
 
 
@@ -295,6 +314,7 @@ def bid_edit(
         "campaign": bid.campaign,
     }
     if difference > 0:
+        hold_accounts_lock(tenant=tenant)  # the budget read stays as read until the commit
         _budget_or_refuse(tenant=tenant, amount=difference, campaign=bid.campaign, now=now)
     # The ledger's event (if escrow moves) and bid.edit go into the chain in one append.
     with audit.batch():

@@ -101,6 +101,15 @@ def _accounts_locked(*, tenant: Tenant, kind: str) -> tuple[Account, Account]:
     return locked[kinds[0]], locked[kinds[1]]
 
 
+def hold_accounts_lock(*, tenant: Tenant) -> None:
+    """Lock the accounts a hold moves money between (the tenant's available and escrow
+    accounts, in primary-key order as every transfer locks them) until the transaction ends.
+    Every transfer that changes what a budget counts as committed locks one of them, so a
+    budget checked after this stays as checked until the hold that follows commits: two
+    bids of one tenant cannot both pass a check that has room for one."""
+    _accounts_locked(tenant=tenant, kind=Transfer.Kind.HOLD)
+
+
 def _fingerprint(kind: str, tenant: Tenant, amount: int, reference: str) -> str:
     """What an idempotency key is recorded for: a retry must ask for the same."""
     return f"{kind}:{tenant.pk}:{amount}:{reference}"

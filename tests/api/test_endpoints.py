@@ -414,10 +414,10 @@ def test_placing_a_bid_answers_what_was_stored_in_a_pinned_number_of_statements(
 ):
     api = world.a.client()
     post(api, "/api/v1/bids", bid_body(world))  # the token's first use is recorded once
-    # The token and bid_place (its 11 statements, one more to sum what the tenant's one
-    # budget has used, the savepoint pair in a test). The round is read once, locked, by
-    # bid_place, and the answer's limits are those it stored, not read back.
-    with django_assert_max_num_queries(15):
+    # The token and bid_place (its 12 statements, one more to sum what the tenant's one
+    # budget has used, the savepoint pair in a test). The round is read once, share-locked,
+    # by bid_place, and the answer's limits are those it stored, not read back.
+    with django_assert_max_num_queries(16):
         placed = post(api, "/api/v1/bids", bid_body(world, note="pinned"))
     assert placed.status_code == 201, placed.content
     assert api.get(f"/api/v1/bids/{placed.json()['id']}").json() == placed.json()

@@ -63,10 +63,11 @@ def test_bid_place_takes_a_pinned_number_of_statements(market, team, django_asse
     tenant, user = team
     # As the API authenticates it: the user with its membership and tenant.
     user = type(user).objects.select_related("membership__tenant").get(pk=user.pk)
-    # Tiers, the round lock, budgets, the bid, its limits, both accounts found and locked,
-    # the transfer, its entries, both balances, then one append to the audit chain (its lock
-    # and head in one call, both events); and the test transaction's savepoint pair around it.
-    with django_assert_max_num_queries(13):
+    # Tiers, the round share-locked, both accounts locked before the budgets are read,
+    # budgets, the bid, its limits, both accounts found and locked again by the hold, the
+    # transfer, its entries, both balances, then one append to the audit chain (its lock and
+    # head in one call, both events); and the test transaction's savepoint pair around it.
+    with django_assert_max_num_queries(14):
         bid = bid_place(
             user=user, tenant=tenant, round=market.round, quantity=1, limits={"a100": 2000}, now=T0
         )
@@ -89,10 +90,11 @@ def test_bid_edit_that_moves_escrow_appends_its_two_events_at_once(
     bid = bid_place(
         user=user, tenant=tenant, round=market.round, quantity=1, limits={"a100": 2000}, now=T0
     )
-    # The bid found, the round and the bid locked, its limits, tiers, budgets, the accounts
-    # locked, transfer, entries, balances, the bid saved, one append to the chain (its lock
+    # The bid found, the round share-locked and the bid locked, its limits, tiers, the
+    # accounts locked before the budgets are read, budgets, the accounts locked again by the
+    # hold, transfer, entries, balances, the bid saved, one append to the chain (its lock
     # and head in one call, both events); and the test transaction's savepoint pair.
-    with django_assert_max_num_queries(15):
+    with django_assert_max_num_queries(16):
         bid_edit(user=user, tenant=tenant, bid_id=bid.pk, quantity=2, now=T0)
     events = list(AuditEvent.objects.order_by("-seq")[:2])[::-1]
     assert [e.action for e in events] == ["ledger.hold", "bid.edit"]
