@@ -92,7 +92,11 @@ def _round_shared(round_id: int, *, now: datetime) -> Round | None:
     return found[0] if found else None
 
 
-def _round_open_locked(*, round_id: int, now: datetime) -> Round:
+def _round_open_locked(
+    *, round_id: int, now: datetime, then: str = "bid in the round that is open now"
+) -> Round:
+    """The round, share-locked (``_round_shared``); RoundMissing when there is none, and a
+    MarketError that ends with ``then`` when it is no longer open for bidding."""
     rnd = _round_shared(round_id, now=now)
     if rnd is not None:
         return rnd
@@ -100,8 +104,7 @@ def _round_open_locked(*, round_id: int, now: datetime) -> Round:
     if closed is None:
         raise RoundMissing(f"there is no round {round_id}")
     raise MarketError(
-        f"bidding for round {closed.pk} closed at {closed.closes_at:%Y-%m-%d %H:%M:%S} UTC; "
-        "bid in the round that is open now"
+        f"bidding for round {closed.pk} closed at {closed.closes_at:%Y-%m-%d %H:%M:%S} UTC; {then}"
     )
 
 
@@ -269,13 +272,9 @@ def _bid_locked(*, tenant: Tenant, bid_id: object, now: datetime) -> tuple[Round
     """The caller's open bid and its open round, the round share-locked, then the bid locked.
     Another tenant's bid is a 404, exactly like a missing one."""
     bid = access_object(Bid.objects.all(), tenant=tenant, pk=bid_id)
-    rnd = _round_shared(bid.round_id, now=now)
-    if rnd is None:
-        closed = Round.objects.get(pk=bid.round_id)
-        raise MarketError(
-            f"bidding for round {closed.pk} closed at {closed.closes_at:%Y-%m-%d %H:%M:%S} UTC; "
-            f"bid {bid.pk} can no longer be changed"
-        )
+    rnd = _round_open_locked(
+        round_id=bid.round_id, now=now, then=f"bid {bid.pk} can no longer be changed"
+    )
     bid = Bid.objects.select_for_update().get(pk=bid.pk)
     if bid.status != Bid.Status.OPEN:
         raise MarketError(f"bid {bid.pk} is {bid.status}; only an open bid can be changed")
