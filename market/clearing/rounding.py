@@ -22,6 +22,12 @@ before a tenant ahead of it gets one. It is done twice, once with each tenant's 
 its arc of most value by the fractions (fractional part times the tenant's value of the
 arc) and once by largest fractional part, and the better is kept: the one whose tenant
 furthest behind comes later in the order above, then the one of more value.
+
+Last, a tenant the passes left below its guarantee takes GPUs the fractions did not point
+to (``meet_guarantees``): its bid's GPU moved to the bid's tier of more value, a free GPU on
+an arc the fractions left at zero, or a GPU from a tenant that stays at or above its own
+guarantee without it. fisher's rounding left 1-2 guarantees unmet on 4 of 6 benchmark
+instances and none after (docs/clearing.md).
 """
 
 from __future__ import annotations
@@ -57,13 +63,193 @@ def round_whole(
         gang_min=gang_min,
     )
     if not lowest_first:
-        return _rounded(m, **rule, by_value=False, lowest_first=False)
-    # Each GPU where its tenant's fractions give it most value serves the tenant best but
-    # can crowd a tier that the fractions spread over several tenants; the largest
-    # fractions keep to that spread. Both are made and the better one is kept: the one
-    # whose tenant furthest behind is further on, then the one of more value.
-    made = [_rounded(m, **rule, by_value=by_value, lowest_first=True) for by_value in (True, False)]
-    return max(made, key=lambda xi: _standing(xi, **rule))
+        xi = _rounded(m, **rule, by_value=False, lowest_first=False)
+    else:
+        # Each GPU where its tenant's fractions give it most value serves the tenant best
+        # but can crowd a tier that the fractions spread over several tenants; the largest
+        # fractions keep to that spread. Both are made and the better one is kept: the one
+        # whose tenant furthest behind is further on, then the one of more value.
+        made = [
+            _rounded(m, **rule, by_value=by_value, lowest_first=True) for by_value in (True, False)
+        ]
+        xi = max(made, key=lambda xi: _standing(xi, **rule))
+    del rule["x"]
+    return meet_guarantees(m, xi, **rule)
+
+
+def meet_guarantees(
+    m: OpenMarket,
+    xi: np.ndarray,
+    *,
+    arc_tenant: np.ndarray,
+    arc_value: np.ndarray,
+    guarantee: np.ndarray,
+    priority: Callable[[np.ndarray], np.ndarray],
+    gang_min: np.ndarray,
+) -> np.ndarray:
+    """``xi`` (whole GPUs per arc, within every room) with GPUs moved, one at a time, to the
+    tenants it leaves below their guarantee. The passes hand out only what the fractions
+    leave: a tenant can end short because a bid's last GPU went to its tier of less value,
+    or because its fractions lay on tiers that filled first, while another tenant holds a
+    GPU it could spare.
+
+    The tenant furthest below its guarantee (then index) takes the step that gains it most:
+    a GPU on one of its arcs whose bid has room, or a GPU of one of its bids moved to the
+    bid's arc of more value; the GPU comes from the tier's free room if it has any, else
+    from the tenant that stays at or above its own guarantee without it and that the
+    mechanism would serve last (lowest ``priority``; then the one losing least value, then
+    the later arc). A tenant with no such step is left as it is. A GPU a move frees goes,
+    one at a time, to the arc of most value, with room, of the tenant that comes first
+    (below its guarantee first, then ``priority``). Gang bids neither give nor take. Nobody
+    at or above its guarantee falls below it, and every room is kept."""
+    tol = 1e-9 * (1.0 + np.abs(guarantee))
+    utility = np.bincount(arc_tenant, weights=arc_value * xi, minlength=guarantee.size)
+    short = (guarantee > EPS) & (utility < guarantee - tol)
+    if not short.any():
+        return xi
+    s = _Rooms.of(m, xi.copy(), gang_min, arc_tenant, arc_value, utility)
+    order = np.lexsort((-arc_value, arc_tenant))  # each tenant's arcs, most value first
+    starts = np.searchsorted(arc_tenant[order], np.arange(guarantee.size + 1))
+    freed = np.zeros(m.tier_room.size)
+    left_as_is = np.zeros(guarantee.size, dtype=bool)
+    for _ in range(int(short.sum() + m.tier_room.sum()) + 1):
+        waiting = np.flatnonzero(short & ~left_as_is)
+        if waiting.size == 0:
+            break
+        i = waiting[np.argmin(s.utility[waiting] / guarantee[waiting])]
+        step = _best_step(s, order[starts[i] : starts[i + 1]], guarantee, tol, priority)
+        if step is None:
+            left_as_is[i] = True
+            continue
+        to, off, source = step
+        s.add(to, 1.0, bid=off < 0)
+        if off >= 0:
+            s.add(off, -1.0, bid=False)
+            s.tier_left[m.arc_tier[off]] += 1.0
+            freed[m.arc_tier[off]] += 1.0
+        if source >= 0:
+            s.add(source, -1.0, bid=True)
+        else:
+            s.tier_left[m.arc_tier[to]] -= 1.0
+        short[i] = s.utility[i] < guarantee[i] - tol[i]
+    for _ in range(int(freed.sum())):
+        open_tier = (freed >= 1.0 - EPS) & (s.tier_left >= 1.0 - EPS)
+        can = np.flatnonzero(open_tier[m.arc_tier] & s.room_for_one() & (arc_value > 0))
+        if can.size == 0:
+            break
+        who = arc_tenant[can]
+        first, second = _keys(s.utility, guarantee, priority(s.utility))
+        pick = can[np.lexsort((can, -arc_value[can], who, second[who], first[who]))[0]]
+        s.add(pick, 1.0, bid=True)
+        s.tier_left[m.arc_tier[pick]] -= 1.0
+        freed[m.arc_tier[pick]] -= 1.0
+    return s.xi
+
+
+@dataclass
+class _Rooms:
+    """An allocation and the room it leaves, changed in place by ``meet_guarantees``."""
+
+    m: OpenMarket
+    xi: np.ndarray
+    bid_left: np.ndarray
+    tier_left: np.ndarray
+    group_left: np.ndarray
+    loose: np.ndarray  # (E,) the arc's bid is not a gang
+    arc_tenant: np.ndarray
+    arc_value: np.ndarray
+    utility: np.ndarray
+
+    @classmethod
+    def of(cls, m, xi, gang_min, arc_tenant, arc_value, utility) -> _Rooms:
+        capped = m.arc_capped >= 0
+        return cls(
+            m=m,
+            xi=xi,
+            bid_left=m.bid_room - np.bincount(m.arc_bid, weights=xi, minlength=m.bid_room.size),
+            tier_left=m.tier_room - np.bincount(m.arc_tier, weights=xi, minlength=m.tier_room.size),
+            group_left=m.group_room
+            - np.bincount(m.arc_capped[capped], weights=xi[capped], minlength=m.group_room.size),
+            loose=gang_min[m.arc_bid] <= 0,
+            arc_tenant=arc_tenant,
+            arc_value=arc_value,
+            utility=utility,
+        )
+
+    def add(self, arc: int, gpus: float, *, bid: bool) -> None:
+        """``gpus`` more on ``arc``, its group's and tenant's sums with it, its bid's when
+        ``bid`` (a move within a bid leaves the bid's total); not the tier's."""
+        self.xi[arc] += gpus
+        if bid:
+            self.bid_left[self.m.arc_bid[arc]] -= gpus
+        group = self.m.arc_capped[arc]
+        if group >= 0:
+            self.group_left[group] -= gpus
+        self.utility[self.arc_tenant[arc]] += gpus * self.arc_value[arc]
+
+    def group_ok(self, arcs: np.ndarray) -> np.ndarray:
+        """(arcs,) bool: the arc is in no share-cap group, or its group has room for a GPU."""
+        group = self.m.arc_capped[arcs]
+        left = np.r_[self.group_left, np.inf]  # the last: no group
+        return left[np.where(group < 0, self.group_left.size, group)] >= 1.0 - EPS
+
+    def room_for_one(self) -> np.ndarray:
+        """(E,) bool: the arc's bid and share-cap group have room for a GPU, not a gang."""
+        return (
+            self.loose
+            & (self.bid_left[self.m.arc_bid] >= 1.0 - EPS)
+            & self.group_ok(np.arange(self.xi.size))
+        )
+
+
+def _best_step(
+    s: _Rooms,
+    mine: np.ndarray,
+    guarantee: np.ndarray,
+    tol: np.ndarray,
+    priority: Callable[[np.ndarray], np.ndarray],
+) -> tuple[int, int, int] | None:
+    """(to, off, source) of ``meet_guarantees``'s best step for the tenant of the arcs
+    ``mine`` (most value first): a GPU onto ``to``, moved off ``off`` of the same bid (-1:
+    the bid's room), taken from ``source`` (-1: the tier's free room); None when none."""
+    m, xi, v = s.m, s.xi, s.arc_value
+    mine = mine[s.loose[mine] & (v[mine] > 0) & s.group_ok(mine)]
+    if mine.size == 0:
+        return None
+    # What each arc gains: its value with bid room, else over the bid's GPU of least value.
+    bid = m.arc_bid[mine]
+    held = np.where(xi[mine] >= 1.0 - EPS, v[mine], np.inf)
+    lowest = {}
+    for e, b, h in zip(mine.tolist(), bid.tolist(), held.tolist(), strict=True):
+        if h < lowest.get(b, (np.inf, -1))[0]:
+            lowest[b] = (h, e)
+    steps = []
+    for e, b in zip(mine.tolist(), bid.tolist(), strict=True):
+        if s.bid_left[b] >= 1.0 - EPS:
+            steps.append((v[e], e, -1))
+        elif b in lowest and lowest[b][0] < v[e]:
+            steps.append((v[e] - lowest[b][0], e, lowest[b][1]))
+    if not steps:
+        return None
+    owner = s.arc_tenant[mine[0]]
+    spare = None
+    for _, to, off in sorted(steps, key=lambda g: (-g[0], g[1])):
+        tier = m.arc_tier[to]
+        if s.tier_left[tier] >= 1.0 - EPS:
+            return to, off, -1
+        if spare is None:
+            at = s.arc_tenant
+            spare = np.flatnonzero(
+                s.loose
+                & (xi >= 1.0 - EPS)
+                & (at != owner)
+                & (s.utility[at] - v >= guarantee[at] - tol[at])
+            )
+        here = spare[m.arc_tier[spare] == tier]
+        if here.size:
+            score = priority(s.utility)[s.arc_tenant[here]]
+            return to, off, int(here[np.lexsort((-here, v[here], score))[0]])
+    return None
 
 
 def _standing(

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from market.clearing import maxmin
-from market.clearing.rounding import round_whole
+from market.clearing.rounding import meet_guarantees, round_whole
 from market.clearing.rules import EPS, OpenMarket
 
 
@@ -231,6 +231,58 @@ def test_lowest_first_puts_a_tenants_gpu_where_the_fractions_give_it_most_value(
     assert round_whole(m, **case, lowest_first=True).tolist() == [0, 1]
 
 
+def test_a_bids_gpu_moves_to_its_tier_of_more_value_when_rounding_left_its_tenant_short():
+    # Tenant 0 is owed 3 and its one bid is worth 1 on tier a and 3 on tier b, split 0.6 /
+    # 0.4; tenant 1 (owed nothing) has 0.4 / 0.6 on the same tiers, worth 2 on each. The
+    # passes give tenant 0 tier a (its largest fraction) and tenant 1 tier b: tenant 0 ends
+    # at 1. Its GPU moves to b, taken from tenant 1, which takes the GPU freed on a.
+    m = market([0, 0, 1, 1], [0, 1, 0, 1], bid_room=[1, 1], tier_room=[1, 1])
+    whole = round_whole(
+        m,
+        x=np.array([0.6, 0.4, 0.4, 0.6]),
+        arc_tenant=np.array([0, 0, 1, 1]),
+        arc_value=np.array([1.0, 3.0, 2.0, 2.0]),
+        guarantee=np.array([3.0, 0.0]),
+        priority=lambda u: -u,
+        gang_min=np.zeros(2),
+    )
+    assert whole.tolist() == [0, 1, 1, 0]
+
+
+def test_no_gpu_is_taken_from_a_tenant_that_would_fall_below_its_own_guarantee():
+    # As above, but tenant 1 bids on tier b only and is owed its GPU there: tenant 0 stays
+    # short rather than put tenant 1 below its guarantee.
+    m = market([0, 0, 1], [0, 1, 1], bid_room=[1, 1], tier_room=[1, 1])
+    case = dict(
+        x=np.array([0.6, 0.4, 0.6]),
+        arc_tenant=np.array([0, 0, 1]),
+        arc_value=np.array([1.0, 3.0, 2.0]),
+        guarantee=np.array([3.0, 2.0]),
+        priority=lambda u: -u,
+        gang_min=np.zeros(2),
+    )
+    assert round_whole(m, **case).tolist() == [1, 0, 1]
+    # Owed nothing, tenant 1 gives its GPU up, and tier a's freed GPU finds nobody.
+    case["guarantee"] = np.array([3.0, 0.0])
+    assert round_whole(m, **case).tolist() == [0, 1, 0]
+
+
+def test_a_free_gpu_goes_to_a_short_tenant_on_an_arc_the_fractions_left_at_zero():
+    # Tenant 0's guarantee needs a second GPU, its bid has room and tier b a free GPU, but
+    # the fractions put nothing on b: the passes never look there.
+    m = market([0, 0], [0, 1], bid_room=[2], tier_room=[1, 1])
+    whole = round_whole(
+        m,
+        x=np.array([1.0, 0.0]),
+        arc_tenant=np.array([0, 0]),
+        arc_value=np.array([1.0, 1.0]),
+        guarantee=np.array([2.0]),
+        priority=lambda u: -u,
+        gang_min=np.zeros(1),
+    )
+    assert whole.tolist() == [1, 1]
+
+
 @st.composite
 def fractional(draw):
     """A random market and a fractional allocation that fits it."""
@@ -288,9 +340,49 @@ def fractional(draw):
 def test_round_whole_matches_the_one_gpu_at_a_time_rule(case, lowest_first):
     m = case.pop("m")
     whole = round_whole(m, **case, lowest_first=lowest_first)
-    assert whole.tolist() == reference(m, **case, lowest_first=lowest_first).tolist()
+    passes = reference(m, **case, lowest_first=lowest_first)
+    mended = {k: v for k, v in case.items() if k != "x"}
+    assert whole.tolist() == meet_guarantees(m, passes, **mended).tolist()
     assert (np.bincount(m.arc_tier, weights=whole, minlength=m.tier_room.size) <= m.tier_room).all()
     assert (np.bincount(m.arc_bid, weights=whole, minlength=m.bid_room.size) <= m.bid_room).all()
+
+
+@settings(max_examples=300, deadline=None)
+@given(fractional(), st.booleans())
+def test_meeting_guarantees_keeps_every_room_and_every_guarantee_already_met(case, lowest_first):
+    m = case.pop("m")
+    passes = reference(m, **case, lowest_first=lowest_first)
+    rest = {k: v for k, v in case.items() if k != "x"}
+    whole = meet_guarantees(m, passes, **rest)
+    T, B, G = m.tier_room.size, m.bid_room.size, m.group_room.size
+    capped = m.arc_capped >= 0
+    assert (whole >= 0).all() and (whole == np.rint(whole)).all()
+    assert (np.bincount(m.arc_tier, weights=whole, minlength=T) <= m.tier_room + EPS).all()
+    assert (np.bincount(m.arc_bid, weights=whole, minlength=B) <= m.bid_room + EPS).all()
+    in_groups = np.bincount(m.arc_capped[capped], weights=whole[capped], minlength=G)
+    assert (in_groups <= m.group_room + EPS).all()
+    gang = case["gang_min"][m.arc_bid] > 0
+    assert whole[gang].tolist() == passes[gang].tolist()
+    g, v, owner = case["guarantee"], case["arc_value"], case["arc_tenant"]
+    before = np.bincount(owner, weights=v * passes, minlength=g.size)
+    after = np.bincount(owner, weights=v * whole, minlength=g.size)
+    met = before >= g - 1e-9
+    assert (after[met] >= g[met] - 1e-9).all()
+    assert (after[~met] >= before[~met]).all()
+    # A tenant still short has no GPU it could simply take: no arc of its own, worth
+    # something, with room in its bid, its group and its tier.
+    tier_left = m.tier_room - np.bincount(m.arc_tier, weights=whole, minlength=T)
+    bid_left = m.bid_room - np.bincount(m.arc_bid, weights=whole, minlength=B)
+    group_left = np.r_[m.group_room - in_groups, np.inf][np.where(capped, m.arc_capped, G)]
+    open_arc = (
+        ~gang
+        & (v > 0)
+        & (tier_left[m.arc_tier] >= 1)
+        & (bid_left[m.arc_bid] >= 1)
+        & (group_left >= 1)
+    )
+    short = after < g - 1e-9
+    assert not (open_arc & short[owner]).any()
 
 
 def test_maxmin_rounds_a_tenant_without_a_share_after_every_tenant_with_one():
