@@ -65,13 +65,28 @@ def _stages(
     tau = _fair_rows(sk, market, v=v, e=e, g=g, held=held)
     counted = np.flatnonzero(e > EPS)
     seconds, tau_star, status = 0.0, 0.0, "optimal"
+    fractional = relax or market.divisible
     # With whole GPUs and more tenants to count than GPUs, someone gets none: tau* = 0, and
     # a mixed-integer search would only spend its time limit proving it.
-    hopeless = not relax and not market.divisible and counted.size > market.tier_room.sum()
+    hopeless = not fractional and counted.size > market.tier_room.sum()
+    common = dict(v=v, e=e, g=g, held=held, market=market, om=om, relax=relax)
     if counted.size and not hopeless:
-        if (relax or market.divisible) and _split_is_best(sk, v=v, e=e, held=held, market=market):
-            tau_star = 1.0
-        else:
+        bound = _tau_bound(sk, v=v, e=e, held=held, market=market)
+        if fractional and bound <= 1.0 / (1.0 - 1e-9):
+            tau_star = 1.0  # tau >= 1 is always feasible (_tau_bound)
+        elif fractional and np.isfinite(bound):
+            # Stage 2 at the bound: an optimal answer there proves tau* = bound, as tau* is
+            # never above it, and saves stage 1.
+            p.bounds(tau, lo=_tau_floor(bound))
+            x, _, spent = _stage_two(
+                sk, tau=bound, time_limit=time_limit, settled_only=True, **common
+            )
+            if x is not None:
+                return x, bound, "optimal", spent
+            # Not proven there (the bound may not be feasible): stage 1 finds tau*.
+            seconds, time_limit = spent, max(time_limit - spent, 1e-3)
+        if tau_star == 0.0:
+            p.bounds(tau, lo=0.0)
             # Only tau* is kept from stage 1, so its LP needs no vertex (no crossover).
             first = p.maximise([(tau, 1.0)], time_limit=time_limit, relax=relax, vertex=False)
             seconds += first.seconds
@@ -80,26 +95,71 @@ def _stages(
             status = first.status
             tau_star = float(first["tau"][0])
         p.bounds(tau, lo=_tau_floor(tau_star))
+    x, second, more = _stage_two(sk, tau=tau_star, time_limit=time_limit, **common)
+    if x is None:
+        return np.zeros(sk.cols.size), 0.0, "fallback", seconds + more
+    return x, tau_star, status if second == "optimal" else second, seconds + more
+
+
+def _stage_two(
+    sk: Skeleton,
+    *,
+    tau: float,
+    v: np.ndarray,
+    e: np.ndarray,
+    g: np.ndarray,
+    held: np.ndarray,
+    market: Market,
+    om: OpenMarket,
+    time_limit: float,
+    relax: bool,
+    settled_only: bool = False,
+) -> tuple[np.ndarray | None, str, float]:
+    """Stage 2 with tau kept at ``tau`` (its bound on the program already set): arc GPUs
+    over sk.cols (None when no incumbent was found), the solver's status, seconds.
+    ``settled_only``: only by ``_settled_first`` from eg's interior point, which proves the
+    answer optimal; None where that does not end optimal (or is not tried)."""
     start, began = None, time.perf_counter()
-    floors = dict(v=v, e=e, g=g, held=held, tau=_tau_floor(tau_star))
+    floors = dict(v=v, e=e, g=g, held=held, tau=_tau_floor(tau))
     if relax or market.divisible:
         start = _interior_start(sk, market, **floors, time_limit=time_limit)
+    if settled_only and (start is None or not _meets_floors(start, sk, market, **floors)):
+        # eg's guarantee rows are elastic: a point short of its floors (by 100 % on the
+        # instances measured, against 1e-8 at most where they can be met) says tau is not
+        # feasible, and crossover would only find that out at length.
+        return None, "optimal", time.perf_counter() - began
     settled = None
     if start is not None:
         left = max(time_limit - (time.perf_counter() - began), 1e-3)
         settled = _settled_first(sk, market, om, start, **floors, relax=relax, time_limit=left)
-    if settled is not None:
-        return settled, tau_star, status, seconds + time.perf_counter() - began
     spent = time.perf_counter() - began
-    second = p.maximise(
+    if settled is not None or settled_only:
+        return settled, "optimal", spent
+    second = sk.program.maximise(
         [(sk.x, v[sk.cols])], time_limit=max(time_limit - spent, 1e-3), relax=relax, start=start
     )
-    seconds += spent + second.seconds
-    if second.status == "no_solution":
-        return np.zeros(sk.cols.size), 0.0, "fallback", seconds
-    if second.status != "optimal":
-        status = second.status
-    return np.clip(second["x"], 0.0, None), tau_star, status, seconds
+    x = None if second.status == "no_solution" else np.clip(second["x"], 0.0, None)
+    return x, second.status, spent + second.seconds
+
+
+def _meets_floors(
+    start: lp.Start,
+    sk: Skeleton,
+    market: Market,
+    *,
+    v: np.ndarray,
+    e: np.ndarray,
+    g: np.ndarray,
+    held: np.ndarray,
+    tau: float,
+) -> bool:
+    """Whether eg's point ``start`` gives every tenant its stage-2 floor, max(tau e_i, g_i),
+    to 1e-6 of it."""
+    x = np.asarray(start.values["x"])
+    tenant = market.arrays.arc_tenant[sk.cols]
+    u = held + np.bincount(tenant, weights=v[sk.cols] * x, minlength=held.size)
+    floor = np.maximum(np.where(e > EPS, tau * e, 0.0), g)
+    return bool(np.all(u >= floor - 1e-6 * np.maximum(floor, 1.0)))
 
 
 def _fair_rows(
@@ -293,23 +353,27 @@ def _interior_start(
     return lp.Start(values={"x": np.clip(point.x, 0.0, None)}, duals=duals)
 
 
-def _split_is_best(
+def _tau_bound(
     sk: Skeleton, *, v: np.ndarray, e: np.ndarray, held: np.ndarray, market: Market
-) -> bool:
-    """True when stage 1's optimum is tau* = 1, proven without solving it (fractional GPUs).
+) -> float:
+    """An upper bound on stage 1's tau* (fractional GPUs), and at least 1.
 
     tau >= 1 is always feasible: the tenants' fractional equal-split bundles (the bundles
     that define e_i) fit together, as the shares of a tier sum to at most its capacity, and
-    they meet every guarantee (g_i <= e_i). And tau <= 1 when some counted tenant's whole
-    remaining demand, valued at its best tier for each bid, is worth no more than e_i: it
-    cannot get more than that. That is common in large rounds (a tenant with a bid or two
-    that its split covers), and it saves stage 1, an LP as large as stage 2.
+    they meet every guarantee (g_i <= e_i). And no counted tenant can get more than its whole
+    remaining demand valued at its best tier for each bid (``most``), so tau* is at most the
+    least most_i / e_i. That bound is 1 in large rounds where some tenant's bid or two fit
+    in its split (stage 1 is then saved); where capacity is scarce (a third of the demand)
+    it was tau* itself on every part measured, the tenant of least demand for its split
+    getting all of it (docs/clearing.md), and stage 2 run at it proves that and saves
+    stage 1.
     """
     a = market.arrays
     best = np.zeros(a.n_bids)
     np.maximum.at(best, a.arc_bid[sk.cols], v[sk.cols])
     most = held + np.bincount(a.bid_tenant, weights=best * market.bid_room, minlength=a.n_tenants)
-    return bool(((e > EPS) & (e >= most * (1.0 - 1e-9))).any())
+    counted = e > EPS
+    return max(1.0, float((most[counted] / e[counted]).min(initial=np.inf)))
 
 
 def share_priority(held: np.ndarray, denom: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:

@@ -240,7 +240,8 @@ def test_reserved_quotas_that_fill_tiers_clear_through_the_interior_point(monkey
         monkeypatch.setattr(eg, name, spy)
     monkeypatch.setattr(module, "STRUCTURED_ARCS", 0)
     structured = clear(inst, mechanism=mechanism, divisible=True)
-    assert used == [True]
+    # maxmin may ask twice: at tau*'s upper bound first (maxmin._tau_bound), then at tau*.
+    assert used and all(used)
     monkeypatch.setattr(module, "STRUCTURED_ARCS", 10**9)
     plain = clear(inst, mechanism=mechanism, divisible=True)
     assert structured.diagnostics["status"] == plain.diagnostics["status"] == "optimal"

@@ -1,8 +1,10 @@
-"""maxmin's stage 1 shortcut: tau* = 1 proven without solving stage 1 (maxmin._split_is_best),
-by hand and against the stage-1 LP over random instances (hypothesis)."""
+"""maxmin's stage 1 shortcuts: tau* = 1 proven without solving stage 1, and tau* proven at its
+upper bound by stage 2 run there (maxmin._tau_bound), by hand, against the stage-1 LP over
+random instances (hypothesis), and on instances large enough for eg's interior point."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -88,19 +90,70 @@ def test_the_shortcut_gives_the_stage_one_optimum(monkeypatch, inst):
     """Divisible clears with and without the shortcut agree: the same worst share ratio and
     the same total value (the Pareto fill's optimum), whenever the shortcut applies."""
     fired: list[bool] = []
-    original = maxmin._split_is_best
+    original = maxmin._tau_bound
 
     def watch(*args, **kwargs):
-        fired.append(original(*args, **kwargs))
-        return fired[-1]
+        bound = original(*args, **kwargs)
+        fired.append(bound <= 1.0 / (1.0 - 1e-9))
+        return bound
 
     with monkeypatch.context() as m:
-        m.setattr(maxmin, "_split_is_best", watch)
+        m.setattr(maxmin, "_tau_bound", watch)
         fast = clear(inst, mechanism="maxmin", divisible=True).diagnostics
     with monkeypatch.context() as m:
-        m.setattr(maxmin, "_split_is_best", lambda *args, **kwargs: False)
+        m.setattr(maxmin, "_tau_bound", lambda *args, **kwargs: np.inf)  # stage 1 always
         exact = clear(inst, mechanism="maxmin", divisible=True).diagnostics
     if any(fired):
         assert fast["min_share_ratio"] == pytest.approx(1.0, abs=1e-6)
+    assert fast["min_share_ratio"] == pytest.approx(exact["min_share_ratio"], abs=1e-6)
+    assert fast["welfare"] == pytest.approx(exact["welfare"], rel=1e-6)
+
+
+def scarce(tenants: int, bids: int, share: float, seed: int = 0) -> Instance:
+    """Bids of 1, 2 or 4 GPUs on 1-3 of 4 tiers, owners drawn from ``tenants``, limits 5-59;
+    each tier holds ``share`` of the demand spread over the tiers."""
+    rng = np.random.default_rng(seed)
+    quantity = rng.choice([1, 2, 4], size=bids)
+    tiers = tuple(Tier(f"t{t}", max(1, int(share * quantity.sum() / 4))) for t in range(4))
+    owner = rng.integers(0, tenants, size=bids)
+    out = []
+    for b in range(bids):
+        accept = sorted(rng.choice(4, size=rng.integers(1, 4), replace=False))
+        limits = {f"t{t}": int(rng.integers(5, 60)) for t in accept}
+        out.append(Bid(f"b{b:05d}", f"n{owner[b]:04d}", int(quantity[b]), limits))
+    names = tuple(Tenant(f"n{i:04d}") for i in range(tenants))
+    return Instance(tiers=tiers, tenants=names, bids=tuple(out))
+
+
+@pytest.mark.parametrize(
+    ("tenants", "proven"),
+    [
+        (300, True),  # many small tenants, a third of the demand: the bound is tau*
+        (12, False),  # a few large ones: the bound (1.77) is far above tau* (1.005)
+    ],
+)
+def test_stage_two_at_the_bound_proves_it_or_leaves_it_to_stage_one(monkeypatch, tenants, proven):
+    # 1,500 bids, about 3,000 arcs: large enough for stage 2 from eg's interior point.
+    inst = scarce(tenants, 1500, 0.3 if proven else 0.5)
+    at_bound: list[bool] = []
+    original = maxmin._stage_two
+
+    def watch(*args, **kwargs):
+        found = original(*args, **kwargs)
+        if kwargs.get("settled_only"):
+            at_bound.append(found[0] is not None)
+        return found
+
+    calls = solver_calls(monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(maxmin, "_stage_two", watch)
+        fast = clear(inst, mechanism="maxmin", divisible=True).diagnostics
+    stage_one = [c for c in calls if not c.get("vertex", True)]  # stage 1 wants no vertex
+    with monkeypatch.context() as m:
+        m.setattr(maxmin, "_tau_bound", lambda *args, **kwargs: np.inf)  # stage 1 always
+        exact = clear(inst, mechanism="maxmin", divisible=True).diagnostics
+    assert at_bound == [proven]
+    assert (len(stage_one) == 0) == proven
+    assert fast["min_share_ratio"] > 1.0  # trading beats the split: the bound is above 1
     assert fast["min_share_ratio"] == pytest.approx(exact["min_share_ratio"], abs=1e-6)
     assert fast["welfare"] == pytest.approx(exact["welfare"], rel=1e-6)
