@@ -23,11 +23,12 @@ its arc of most value by the fractions (fractional part times the tenant's value
 arc) and once by largest fractional part, and the better is kept: the one whose tenant
 furthest behind comes later in the order above, then the one of more value.
 
-Last, a tenant the passes left below its guarantee takes GPUs the fractions did not point
-to (``meet_guarantees``): its bid's GPU moved to the bid's tier of more value, a free GPU on
-an arc the fractions left at zero, or a GPU from a tenant that stays at or above its own
-guarantee without it. fisher's rounding left 1-2 guarantees unmet on 4 of 6 benchmark
-instances and none after (docs/clearing.md).
+Last, the tenants the passes left below their guarantee take GPUs the fractions did not
+point to (``meet_guarantees``, in rounds of one GPU a tenant): a bid's GPU moved to the
+bid's tier of more value, a free GPU on an arc the fractions left at zero, or a GPU from a
+tenant that stays at or above its own guarantee without it. fisher's rounding left 1-2
+guarantees unmet on 4 of 6 benchmark instances, maxmin's about 930 of 2,941 tenants on each
+part of the platform's million-bid round; none after (docs/clearing.md).
 """
 
 from __future__ import annotations
@@ -87,51 +88,72 @@ def meet_guarantees(
     priority: Callable[[np.ndarray], np.ndarray],
     gang_min: np.ndarray,
 ) -> np.ndarray:
-    """``xi`` (whole GPUs per arc, within every room) with GPUs moved, one at a time, to the
-    tenants it leaves below their guarantee. The passes hand out only what the fractions
-    leave: a tenant can end short because a bid's last GPU went to its tier of less value,
-    or because its fractions lay on tiers that filled first, while another tenant holds a
-    GPU it could spare.
+    """``xi`` (whole GPUs per arc, within every room) with GPUs moved to the tenants it leaves
+    below their guarantee. The passes hand out only what the fractions leave: a tenant can
+    end short because a bid's last GPU went to its tier of less value, or because its
+    fractions lay on tiers that filled first, while another tenant holds a GPU it could spare.
 
-    The tenant furthest below its guarantee (then index) takes the step that gains it most:
-    a GPU on one of its arcs whose bid has room, or a GPU of one of its bids moved to the
-    bid's arc of more value; the GPU comes from the tier's free room if it has any, else
-    from the tenant that stays at or above its own guarantee without it and that the
-    mechanism would serve last (lowest ``priority``; then the one losing least value, then
-    the later arc). A tenant with no such step is left as it is. A GPU a move frees goes,
-    one at a time, to the arc of most value, with room, of the tenant that comes first
-    (below its guarantee first, then ``priority``). Gang bids neither give nor take. Nobody
-    at or above its guarantee falls below it, and every room is kept."""
+    In rounds. In each, every tenant below its guarantee asks for the step that gains it
+    most and can be served: a GPU on one of its arcs whose bid has room, or a GPU of one of
+    its bids moved to the bid's arc of more value, on a tier with a free GPU or with a GPU
+    to spare. Tier by tier, the tenants furthest below their guarantee (then index) are
+    served first: from the tier's free room while it lasts, then each from one tenant that
+    stays at or above its own guarantee without the GPU, those the mechanism would serve
+    last first (lowest ``priority``; then the arc of least value, then the later arc), and
+    none giving more than one GPU a round. A tenant with no step is left as it is. Then the
+    GPUs the moves freed go, in rounds of one GPU a tenant, to the arc of most value, with
+    room, of the tenants that come first (below their guarantee first, then ``priority``).
+    Gang bids neither give nor take. Nobody at or above its guarantee falls below it, and
+    every room is kept."""
     tol = 1e-9 * (1.0 + np.abs(guarantee))
     utility = np.bincount(arc_tenant, weights=arc_value * xi, minlength=guarantee.size)
-    short = (guarantee > EPS) & (utility < guarantee - tol)
-    if not short.any():
+    if not ((guarantee > EPS) & (utility < guarantee - tol)).any():
         return xi
     s = _Rooms.of(m, xi.copy(), gang_min, arc_tenant, arc_value, utility)
-    order = np.lexsort((-arc_value, arc_tenant))  # each tenant's arcs, most value first
-    starts = np.searchsorted(arc_tenant[order], np.arange(guarantee.size + 1))
     freed = np.zeros(m.tier_room.size)
-    left_as_is = np.zeros(guarantee.size, dtype=bool)
-    for _ in range(int(short.sum() + m.tier_room.sum()) + 1):
-        waiting = np.flatnonzero(short & ~left_as_is)
-        if waiting.size == 0:
+    stuck = np.zeros(guarantee.size, dtype=bool)
+    for _ in range(int(m.tier_room.sum()) + 1):
+        short = (guarantee > EPS) & (s.utility < guarantee - tol) & ~stuck
+        if not short.any():
             break
-        i = waiting[np.argmin(s.utility[waiting] / guarantee[waiting])]
-        step = _best_step(s, order[starts[i] : starts[i + 1]], guarantee, tol, priority)
-        if step is None:
-            left_as_is[i] = True
-            continue
-        to, off, source = step
+        spare = _spare(s, guarantee, tol)
+        to, off, asking = _asked(s, short, spare)
+        stuck |= short & ~asking
+        if to.size == 0:
+            break
+        # Furthest below the guarantee first, then index; then tier by tier.
+        who = arc_tenant[to]
+        order = np.lexsort((who, s.utility[who] / guarantee[who]))
+        to, off = to[order], off[order]
+        tier = m.arc_tier[to]
+        order = np.argsort(tier, kind="stable")
+        to, off, tier = to[order], off[order], tier[order]
+        place = np.arange(tier.size) - np.searchsorted(tier, tier)  # k-th ask on its tier
+        room = np.floor(s.tier_left + EPS)
+        free = place < room[tier]
+        source = np.full(to.size, -1)
+        rest = np.flatnonzero(~free)
+        if rest.size:
+            asked = np.zeros(room.size, dtype=bool)
+            asked[tier[rest]] = True
+            donors = _donors(s, spare, asked, priority)
+            d_tier = m.arc_tier[donors]
+            first = np.searchsorted(d_tier, np.arange(room.size))
+            count = np.searchsorted(d_tier, np.arange(room.size), side="right") - first
+            k = place[rest] - room[tier[rest]].astype(np.int64)
+            ok = k < count[tier[rest]]
+            source[rest[ok]] = donors[first[tier[rest[ok]]] + k[ok]]
+            keep = free | (source >= 0)
+            to, off, tier, free, source = to[keep], off[keep], tier[keep], free[keep], source[keep]
+        if to.size == 0:
+            break
         s.add(to, 1.0, bid=off < 0)
-        if off >= 0:
-            s.add(off, -1.0, bid=False)
-            s.tier_left[m.arc_tier[off]] += 1.0
-            freed[m.arc_tier[off]] += 1.0
-        if source >= 0:
-            s.add(source, -1.0, bid=True)
-        else:
-            s.tier_left[m.arc_tier[to]] -= 1.0
-        short[i] = s.utility[i] < guarantee[i] - tol[i]
+        moved = off >= 0
+        s.add(off[moved], -1.0, bid=False)
+        np.add.at(s.tier_left, m.arc_tier[off[moved]], 1.0)
+        np.add.at(freed, m.arc_tier[off[moved]], 1.0)
+        s.add(source[~free], -1.0, bid=True)
+        np.subtract.at(s.tier_left, tier[free], 1.0)
     for _ in range(int(freed.sum())):
         open_tier = (freed >= 1.0 - EPS) & (s.tier_left >= 1.0 - EPS)
         can = np.flatnonzero(open_tier[m.arc_tier] & s.room_for_one() & (arc_value > 0))
@@ -139,11 +161,73 @@ def meet_guarantees(
             break
         who = arc_tenant[can]
         first, second = _keys(s.utility, guarantee, priority(s.utility))
-        pick = can[np.lexsort((can, -arc_value[can], who, second[who], first[who]))[0]]
-        s.add(pick, 1.0, bid=True)
-        s.tier_left[m.arc_tier[pick]] -= 1.0
-        freed[m.arc_tier[pick]] -= 1.0
+        can = can[np.lexsort((can, -arc_value[can], who, second[who], first[who]))]
+        can = can[np.r_[True, arc_tenant[can][1:] != arc_tenant[can][:-1]]]  # one a tenant
+        tier = m.arc_tier[can]
+        order = np.argsort(tier, kind="stable")
+        can, tier = can[order], tier[order]
+        place = np.arange(tier.size) - np.searchsorted(tier, tier)
+        can = can[place < np.minimum(np.floor(freed + EPS), np.floor(s.tier_left + EPS))[tier]]
+        s.add(can, 1.0, bid=True)
+        np.subtract.at(s.tier_left, m.arc_tier[can], 1.0)
+        np.subtract.at(freed, m.arc_tier[can], 1.0)
     return s.xi
+
+
+def _asked(
+    s: _Rooms, short: np.ndarray, spare: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(to, off, asking): each short tenant's best step in ``meet_guarantees`` that can be
+    served this round, a GPU onto arc ``to`` moved off ``off`` of the same bid (-1: the
+    bid's room); ``asking`` (N,): the tenants that have one."""
+    m, xi, v = s.m, s.xi, s.arc_value
+    at = s.arc_tenant
+    mine = np.flatnonzero(short[at] & s.loose & (v > 0))
+    mine = mine[s.group_ok(mine)]
+    # Each bid's held arc of least value (then the later arc), for a move within the bid.
+    held = np.flatnonzero(short[at] & s.loose & (xi >= 1.0 - EPS))
+    held = held[np.lexsort((-held, v[held], m.arc_bid[held]))]
+    held = held[np.r_[True, m.arc_bid[held][1:] != m.arc_bid[held][:-1]]] if held.size else held
+    lowest = np.full(m.bid_room.size, -1)
+    lowest[m.arc_bid[held]] = held
+    bid = m.arc_bid[mine]
+    room = s.bid_left[bid] >= 1.0 - EPS
+    off = np.where(room, -1, lowest[bid])
+    gain = np.where(room, v[mine], v[mine] - v[np.maximum(off, 0)])
+    valid = room | ((off >= 0) & (gain > 0))
+    # Served only where the tier has a free GPU or a GPU to spare (``spare``).
+    open_tier = np.floor(s.tier_left + EPS) >= 1.0
+    open_tier[m.arc_tier[spare]] = True
+    valid &= open_tier[m.arc_tier[mine]]
+    mine, off, gain = mine[valid], off[valid], gain[valid]
+    order = np.lexsort((mine, -gain, at[mine]))  # each tenant's best step first
+    mine, off = mine[order], off[order]
+    first = np.r_[True, at[mine][1:] != at[mine][:-1]] if mine.size else np.zeros(0, dtype=bool)
+    asking = np.zeros(short.size, dtype=bool)
+    asking[at[mine[first]]] = True
+    return mine[first], off[first], asking
+
+
+def _spare(s: _Rooms, guarantee: np.ndarray, tol: np.ndarray) -> np.ndarray:
+    """Arcs holding a GPU whose tenant stays at or above its guarantee without it."""
+    at, v = s.arc_tenant, s.arc_value
+    ok = s.loose & (s.xi >= 1.0 - EPS)
+    ok &= s.utility[at] - v >= guarantee[at] - tol[at]
+    return np.flatnonzero(ok)
+
+
+def _donors(
+    s: _Rooms, spare: np.ndarray, tiers: np.ndarray, priority: Callable[[np.ndarray], np.ndarray]
+) -> np.ndarray:
+    """Of the arcs ``spare`` on the ``tiers`` (bool, T) still asked for, one a tenant, the
+    first in the order they give (the tenant the mechanism would serve last, then least
+    value, then the later arc); by tier, in that order within a tier."""
+    spare = spare[tiers[s.m.arc_tier[spare]]]
+    score = priority(s.utility)[s.arc_tenant[spare]]
+    spare = spare[np.lexsort((-spare, s.arc_value[spare], score))]
+    _, first = np.unique(s.arc_tenant[spare], return_index=True)
+    one = spare[np.sort(first)]
+    return one[np.argsort(s.m.arc_tier[one], kind="stable")]
 
 
 @dataclass
@@ -176,16 +260,17 @@ class _Rooms:
             utility=utility,
         )
 
-    def add(self, arc: int, gpus: float, *, bid: bool) -> None:
-        """``gpus`` more on ``arc``, its group's and tenant's sums with it, its bid's when
-        ``bid`` (a move within a bid leaves the bid's total); not the tier's."""
-        self.xi[arc] += gpus
-        if bid:
-            self.bid_left[self.m.arc_bid[arc]] -= gpus
-        group = self.m.arc_capped[arc]
-        if group >= 0:
-            self.group_left[group] -= gpus
-        self.utility[self.arc_tenant[arc]] += gpus * self.arc_value[arc]
+    def add(self, arcs: np.ndarray, gpus: float, *, bid: bool | np.ndarray) -> None:
+        """``gpus`` more on each of ``arcs`` (distinct), with their groups' and tenants' sums,
+        and their bids' where ``bid`` (a move within a bid leaves the bid's total); not the
+        tiers'."""
+        arcs = np.asarray(arcs, dtype=np.int64)
+        self.xi[arcs] += gpus
+        with_bid = arcs[np.broadcast_to(bid, arcs.shape)]
+        np.subtract.at(self.bid_left, self.m.arc_bid[with_bid], gpus)
+        group = self.m.arc_capped[arcs]
+        np.subtract.at(self.group_left, group[group >= 0], gpus)
+        np.add.at(self.utility, self.arc_tenant[arcs], gpus * self.arc_value[arcs])
 
     def group_ok(self, arcs: np.ndarray) -> np.ndarray:
         """(arcs,) bool: the arc is in no share-cap group, or its group has room for a GPU."""
@@ -200,56 +285,6 @@ class _Rooms:
             & (self.bid_left[self.m.arc_bid] >= 1.0 - EPS)
             & self.group_ok(np.arange(self.xi.size))
         )
-
-
-def _best_step(
-    s: _Rooms,
-    mine: np.ndarray,
-    guarantee: np.ndarray,
-    tol: np.ndarray,
-    priority: Callable[[np.ndarray], np.ndarray],
-) -> tuple[int, int, int] | None:
-    """(to, off, source) of ``meet_guarantees``'s best step for the tenant of the arcs
-    ``mine`` (most value first): a GPU onto ``to``, moved off ``off`` of the same bid (-1:
-    the bid's room), taken from ``source`` (-1: the tier's free room); None when none."""
-    m, xi, v = s.m, s.xi, s.arc_value
-    mine = mine[s.loose[mine] & (v[mine] > 0) & s.group_ok(mine)]
-    if mine.size == 0:
-        return None
-    # What each arc gains: its value with bid room, else over the bid's GPU of least value.
-    bid = m.arc_bid[mine]
-    held = np.where(xi[mine] >= 1.0 - EPS, v[mine], np.inf)
-    lowest = {}
-    for e, b, h in zip(mine.tolist(), bid.tolist(), held.tolist(), strict=True):
-        if h < lowest.get(b, (np.inf, -1))[0]:
-            lowest[b] = (h, e)
-    steps = []
-    for e, b in zip(mine.tolist(), bid.tolist(), strict=True):
-        if s.bid_left[b] >= 1.0 - EPS:
-            steps.append((v[e], e, -1))
-        elif b in lowest and lowest[b][0] < v[e]:
-            steps.append((v[e] - lowest[b][0], e, lowest[b][1]))
-    if not steps:
-        return None
-    owner = s.arc_tenant[mine[0]]
-    spare = None
-    for _, to, off in sorted(steps, key=lambda g: (-g[0], g[1])):
-        tier = m.arc_tier[to]
-        if s.tier_left[tier] >= 1.0 - EPS:
-            return to, off, -1
-        if spare is None:
-            at = s.arc_tenant
-            spare = np.flatnonzero(
-                s.loose
-                & (xi >= 1.0 - EPS)
-                & (at != owner)
-                & (s.utility[at] - v >= guarantee[at] - tol[at])
-            )
-        here = spare[m.arc_tier[spare] == tier]
-        if here.size:
-            score = priority(s.utility)[s.arc_tenant[here]]
-            return to, off, int(here[np.lexsort((-here, v[here], score))[0]])
-    return None
 
 
 def _standing(

@@ -283,6 +283,23 @@ def test_a_free_gpu_goes_to_a_short_tenant_on_an_arc_the_fractions_left_at_zero(
     assert whole.tolist() == [1, 1]
 
 
+def test_one_gpu_to_spare_goes_to_the_tenant_furthest_below_its_guarantee():
+    # Tiers a and b, one GPU each, all held whole: nothing for the passes to round. Tenant 0
+    # (owed 1, holds 0) and tenant 1 (owed 2, holds 1 on b) both ask for a, where tenant 2
+    # (owed nothing) holds the only GPU: tenant 0, further behind, gets it.
+    m = market([0, 1, 2, 3], [0, 0, 1, 0], bid_room=[1, 1, 1, 1], tier_room=[1, 1])
+    whole = round_whole(
+        m,
+        x=np.array([0.0, 0.0, 1.0, 1.0]),
+        arc_tenant=np.array([0, 1, 1, 2]),
+        arc_value=np.ones(4),
+        guarantee=np.array([1.0, 2.0, 0.0]),
+        priority=lambda u: -u,
+        gang_min=np.zeros(4),
+    )
+    assert whole.tolist() == [1, 0, 1, 0]
+
+
 @st.composite
 def fractional(draw):
     """A random market and a fractional allocation that fits it."""
