@@ -99,8 +99,8 @@ def meet_guarantees(
     to spare. Tier by tier, the tenants furthest below their guarantee (then index) are
     served first: from the tier's free room while it lasts, then each from one tenant that
     stays at or above its own guarantee without the GPU, those the mechanism would serve
-    last first (lowest ``priority``; then the arc of least value, then the later arc), and
-    none giving more than one GPU a round. A tenant with no step is left as it is. Then the
+    last first (lowest ``priority``; then the arc of least value, then the later arc), each
+    as many as keep it at its guarantee. A tenant with no step is left as it is. Then the
     GPUs the moves freed go, in rounds of one GPU a tenant, to the arc of most value, with
     room, of the tenants that come first (below their guarantee first, then ``priority``).
     Gang bids neither give nor take. Nobody at or above its guarantee falls below it, and
@@ -136,7 +136,7 @@ def meet_guarantees(
         if rest.size:
             asked = np.zeros(room.size, dtype=bool)
             asked[tier[rest]] = True
-            donors = _donors(s, spare, asked, priority)
+            donors = _donors(s, spare, asked, guarantee, tol, priority)
             d_tier = m.arc_tier[donors]
             first = np.searchsorted(d_tier, np.arange(room.size))
             count = np.searchsorted(d_tier, np.arange(room.size), side="right") - first
@@ -217,17 +217,31 @@ def _spare(s: _Rooms, guarantee: np.ndarray, tol: np.ndarray) -> np.ndarray:
 
 
 def _donors(
-    s: _Rooms, spare: np.ndarray, tiers: np.ndarray, priority: Callable[[np.ndarray], np.ndarray]
+    s: _Rooms,
+    spare: np.ndarray,
+    tiers: np.ndarray,
+    guarantee: np.ndarray,
+    tol: np.ndarray,
+    priority: Callable[[np.ndarray], np.ndarray],
 ) -> np.ndarray:
-    """Of the arcs ``spare`` on the ``tiers`` (bool, T) still asked for, one a tenant, the
-    first in the order they give (the tenant the mechanism would serve last, then least
-    value, then the later arc); by tier, in that order within a tier."""
+    """The GPUs the arcs ``spare`` on the ``tiers`` (bool, T) still asked for can give, an
+    arc repeated once a GPU, by tier and, within a tier, in the order they give (the tenant
+    the mechanism would serve last, then least value, then the later arc). A tenant gives
+    no more than keeps it at its guarantee, counting its arcs before in that order as if
+    they gave all they hold."""
     spare = spare[tiers[s.m.arc_tier[spare]]]
     score = priority(s.utility)[s.arc_tenant[spare]]
     spare = spare[np.lexsort((-spare, s.arc_value[spare], score))]
-    _, first = np.unique(s.arc_tenant[spare], return_index=True)
-    one = spare[np.sort(first)]
-    return one[np.argsort(s.m.arc_tier[one], kind="stable")]
+    by = np.argsort(s.arc_tenant[spare], kind="stable")  # each tenant's run, that order within
+    arcs = spare[by]
+    who, v, held = s.arc_tenant[arcs], s.arc_value[arcs], np.floor(s.xi[arcs] + EPS)
+    before = np.cumsum(v * held) - v * held
+    before -= before[np.searchsorted(who, who)]  # within the tenant's run
+    slack = s.utility[who] - guarantee[who] + tol[who] - before
+    gives = np.empty(spare.size, dtype=np.int64)
+    gives[by] = np.clip(np.floor(slack / v + EPS), 0, held).astype(np.int64)
+    units = np.repeat(spare, gives)
+    return units[np.argsort(s.m.arc_tier[units], kind="stable")]
 
 
 @dataclass
@@ -261,11 +275,11 @@ class _Rooms:
         )
 
     def add(self, arcs: np.ndarray, gpus: float, *, bid: bool | np.ndarray) -> None:
-        """``gpus`` more on each of ``arcs`` (distinct), with their groups' and tenants' sums,
-        and their bids' where ``bid`` (a move within a bid leaves the bid's total); not the
-        tiers'."""
+        """``gpus`` more on each of ``arcs`` (an arc repeated takes them again), with their
+        groups' and tenants' sums, and their bids' where ``bid`` (a move within a bid leaves
+        the bid's total); not the tiers'."""
         arcs = np.asarray(arcs, dtype=np.int64)
-        self.xi[arcs] += gpus
+        np.add.at(self.xi, arcs, gpus)
         with_bid = arcs[np.broadcast_to(bid, arcs.shape)]
         np.subtract.at(self.bid_left, self.m.arc_bid[with_bid], gpus)
         group = self.m.arc_capped[arcs]

@@ -300,6 +300,26 @@ def test_one_gpu_to_spare_goes_to_the_tenant_furthest_below_its_guarantee():
     assert whole.tolist() == [1, 0, 1, 0]
 
 
+def test_a_tenant_gives_as_many_gpus_as_keep_it_at_its_guarantee():
+    # One tier of 1,000 GPUs, all held by tenant 0, owed 995; 200 tenants owed one GPU each
+    # hold none. Tenant 0 can spare 5: the first five short tenants (all equally far
+    # behind: by index) get one each, and tenant 0 ends at its guarantee.
+    n = 200
+    m = market(np.arange(n + 1), np.zeros(n + 1, dtype=int), bid_room=[1000] + [1] * n,
+               tier_room=[1000])  # fmt: skip
+    whole = round_whole(
+        m,
+        x=np.r_[1000.0, np.zeros(n)],
+        arc_tenant=np.arange(n + 1),
+        arc_value=np.ones(n + 1),
+        guarantee=np.r_[995.0, np.ones(n)],
+        priority=lambda u: -u,
+        gang_min=np.zeros(n + 1),
+    )
+    assert whole[0] == 995
+    assert np.flatnonzero(whole[1:]).tolist() == [0, 1, 2, 3, 4]
+
+
 @st.composite
 def fractional(draw):
     """A random market and a fractional allocation that fits it."""
