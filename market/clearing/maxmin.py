@@ -74,19 +74,19 @@ def _stages(
         bound = _tau_bound(sk, v=v, e=e, held=held, market=market)
         if fractional and bound <= 1.0 / (1.0 - 1e-9):
             tau_star = 1.0  # tau >= 1 is always feasible (_tau_bound)
-        elif fractional and np.isfinite(bound):
-            # Stage 2 at the bound: an optimal answer there proves tau* = bound, as tau* is
-            # never above it, and saves stage 1.
-            p.bounds(tau, lo=_tau_floor(bound))
-            x, _, spent = _stage_two(
-                sk, tau=bound, time_limit=time_limit, settled_only=True, **common
-            )
-            if x is not None:
-                return x, bound, "optimal", spent
-            # Not proven there (the bound may not be feasible): stage 1 finds tau*.
-            seconds, time_limit = spent, max(time_limit - spent, 1e-3)
-        if tau_star == 0.0:
-            p.bounds(tau, lo=0.0)
+        else:
+            if fractional and np.isfinite(bound):
+                # Stage 2 at the bound: an optimal answer there proves tau* = bound, as tau*
+                # is never above it, and saves stage 1.
+                p.bounds(tau, lo=_tau_floor(bound))
+                x, _, spent = _stage_two(
+                    sk, tau=bound, time_limit=time_limit, settled_only=True, **common
+                )
+                if x is not None:
+                    return x, bound, "optimal", spent
+                # Not proven there (the bound may not be feasible): stage 1 finds tau*.
+                seconds, time_limit = spent, max(time_limit - spent, 1e-3)
+                p.bounds(tau, lo=0.0)
             # Only tau* is kept from stage 1, so its LP needs no vertex (no crossover).
             first = p.maximise([(tau, 1.0)], time_limit=time_limit, relax=relax, vertex=False)
             seconds += first.seconds

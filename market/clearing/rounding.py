@@ -97,9 +97,9 @@ def meet_guarantees(
     most and can be served: a GPU on one of its arcs whose bid has room, or a GPU of one of
     its bids moved to the bid's arc of more value, on a tier with a free GPU or with a GPU
     to spare. Tier by tier, the tenants furthest below their guarantee (then index) are
-    served first: from the tier's free room while it lasts, then each from one tenant that
-    stays at or above its own guarantee without the GPU, those the mechanism would serve
-    last first (lowest ``priority``; then the arc of least value, then the later arc), each
+    served first: from the tier's free room while it lasts, then from the tenants that stay
+    at or above their own guarantee without the GPU, those the mechanism would serve last
+    first (lowest ``priority``; then the arc of least value, then the later arc), each giving
     as many as keep it at its guarantee. A tenant with no step is left as it is. Then the
     GPUs the moves freed go, in rounds of one GPU a tenant, to the arc of most value, with
     room, of the tenants that come first (below their guarantee first, then ``priority``).
