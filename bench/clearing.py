@@ -1,5 +1,6 @@
 """Clearing benchmark (not a test): build / solve / rounding / total seconds per policy and
-size, and the bare solver call on the same problem.
+size, and the bare solver call on the same problem; ``unmet``: the tenants left below their
+guarantee (0 unless something is wrong or a time limit forced a fallback).
 
     .venv/bin/python bench/clearing.py                       # every size and policy
     .venv/bin/python bench/clearing.py --sizes 100,1000,5 --policies welfare
@@ -292,7 +293,8 @@ def loss(policy: str, exact: float, split: float, inst: Instance) -> float:
 def partitioned(args, sizes) -> None:
     print(
         f"{'policy':8} {'tenants':>7} {'bids':>8} {'tiers':>5} {'parts':>5} {'workers':>7} "
-        f"{'exact':>8} {'split':>8} {'divide':>7} {'slowest':>8} {'loss':>7} {'arrays':>8}"
+        f"{'exact':>8} {'split':>8} {'divide':>7} {'slowest':>8} {'loss':>7} {'arrays':>8} "
+        f"{'unmet':>6}"
     )
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         # The platform's Celery workers are long-lived: their imports and first calls are
@@ -347,7 +349,7 @@ def partitioned(args, sizes) -> None:
                     f"{policy:8} {tenants:7} {bids:8} {tiers:5} {args.parts:5} {args.workers:7} "
                     f"{exact_text:>8} {split_seconds:8.2f} {divide:7.2f} "
                     f"{max(r.diagnostics['part_seconds']):8.2f} {loss_text:>7} "
-                    f"{split_seconds - build:8.2f}",
+                    f"{split_seconds - build:8.2f} {r.diagnostics['guarantees_unmet']:6d}",
                     flush=True,
                 )
 
@@ -406,7 +408,7 @@ def main() -> None:
     print(
         f"{'policy':8} {'tenants':>7} {'bids':>7} {'tiers':>5} {'build':>7} {'solve':>7} "
         f"{'round':>7} {'total':>7} {'bare':>8} {'ratio':>6} {'mcf':>7} {'x mcf':>6}  "
-        f"{'arrays':>7} {'a/mcf':>6}  status"
+        f"{'arrays':>7} {'a/mcf':>6}  {'unmet':>5}  status"
     )
     for tenants, bids, tiers in sizes:
         inst = instance(
@@ -450,7 +452,7 @@ def main() -> None:
                 f"{policy:8} {tenants:7} {bids:7} {tiers:5} {d['build_seconds']:7.3f} "
                 f"{d['solve_seconds']:7.3f} {d['rounding_seconds']:7.3f} "
                 f"{d['total_seconds']:7.3f} {bare_text} {d['total_seconds'] / bare:6.2f} "
-                f"{mcf_text}  {d['status']}",
+                f"{mcf_text}  {d['guarantees_unmet']:5d}  {d['status']}",
                 flush=True,
             )
 

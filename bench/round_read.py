@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.workers} processes, "
                 f"slowest part {max(d['part_seconds']):.2f} s, parts' sum "
                 f"{sum(d['part_seconds']):.1f} s), {int(outcome.gpus.sum())} GPUs awarded, "
-                f"status {d['status']}",
+                f"{d['guarantees_unmet']} guarantees unmet, status {d['status']}",
                 flush=True,
             )
     finally:
