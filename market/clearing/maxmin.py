@@ -158,7 +158,7 @@ def _meets_floors(
     x = np.asarray(start.values["x"])
     tenant = market.arrays.arc_tenant[sk.cols]
     u = held + np.bincount(tenant, weights=v[sk.cols] * x, minlength=held.size)
-    floor = np.maximum(np.where(e > EPS, tau * e, 0.0), g)
+    floor = _floors(e, g, tau)
     return bool(np.all(u >= floor - 1e-6 * np.maximum(floor, 1.0)))
 
 
@@ -225,7 +225,7 @@ def _settled_first(
     settled = np.zeros(a.n_bids, dtype=bool)
     settled[bid[full]] = True
     settled &= busy == 1
-    floor = np.maximum(np.where(e > EPS, tau * e, 0.0), g)
+    floor = _floors(e, g, tau)
     open_bid = np.bincount(a.bid_tenant[bid[~settled[bid]]], minlength=N) > 0
     worth = np.where(full & settled[bid], v[sk.cols] * room, 0.0)
     reach = held + np.bincount(a.arc_tenant[sk.cols], weights=worth, minlength=N)
@@ -280,6 +280,11 @@ def _settled_first(
         settled &= ~wrong
         mu_at[wrong] = np.maximum(mu[wrong], 0.0)
     return None
+
+
+def _floors(e: np.ndarray, g: np.ndarray, tau: float) -> np.ndarray:
+    """Each tenant's stage-2 floor: max(tau e_i, g_i), e_i counted where it is above 0."""
+    return np.maximum(np.where(e > EPS, tau * e, 0.0), g)
 
 
 def _tau_floor(tau_star: float) -> float:

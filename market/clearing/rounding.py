@@ -244,6 +244,17 @@ def _donors(
     return units[np.argsort(s.m.arc_tier[units], kind="stable")]
 
 
+def _left(m: OpenMarket, xi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The room the GPUs ``xi`` (per arc) leave each bid, tier and share-cap group."""
+    capped = m.arc_capped >= 0
+    return (
+        m.bid_room - np.bincount(m.arc_bid, weights=xi, minlength=m.bid_room.size),
+        m.tier_room - np.bincount(m.arc_tier, weights=xi, minlength=m.tier_room.size),
+        m.group_room
+        - np.bincount(m.arc_capped[capped], weights=xi[capped], minlength=m.group_room.size),
+    )
+
+
 @dataclass
 class _Rooms:
     """An allocation and the room it leaves, changed in place by ``meet_guarantees``."""
@@ -260,14 +271,13 @@ class _Rooms:
 
     @classmethod
     def of(cls, m, xi, gang_min, arc_tenant, arc_value, utility) -> _Rooms:
-        capped = m.arc_capped >= 0
+        bid_left, tier_left, group_left = _left(m, xi)
         return cls(
             m=m,
             xi=xi,
-            bid_left=m.bid_room - np.bincount(m.arc_bid, weights=xi, minlength=m.bid_room.size),
-            tier_left=m.tier_room - np.bincount(m.arc_tier, weights=xi, minlength=m.tier_room.size),
-            group_left=m.group_room
-            - np.bincount(m.arc_capped[capped], weights=xi[capped], minlength=m.group_room.size),
+            bid_left=bid_left,
+            tier_left=tier_left,
+            group_left=group_left,
             loose=gang_min[m.arc_bid] <= 0,
             arc_tenant=arc_tenant,
             arc_value=arc_value,
@@ -332,22 +342,20 @@ def _rounded(
 ) -> np.ndarray:
     """``round_whole`` by one rule: each tenant's candidates by fractional part, or by
     fractional part times value (``by_value``); passes open to all, or ``lowest_first``."""
-    T, B, G, N = m.tier_room.size, m.bid_room.size, m.group_room.size, guarantee.size
     xi = np.floor(x + EPS)
     frac = x - xi
-    capped = m.arc_capped >= 0
     # Candidate arcs, grouped by tenant, each tenant's in the order it would take them (ties
     # in arc order: by bid, then tier, as the sorts are stable).
     arc = np.flatnonzero(frac > EPS)
     worth = frac[arc] * arc_value[arc] if by_value else frac[arc]
     arc = arc[np.lexsort((-worth, arc_tenant[arc]))]
+    bid_left, tier_left, group_left = _left(m, xi)
     s = _State(
         xi=xi,
-        bid_left=m.bid_room - np.bincount(m.arc_bid, weights=xi, minlength=B),
-        tier_left=m.tier_room - np.bincount(m.arc_tier, weights=xi, minlength=T),
-        group_left=m.group_room
-        - np.bincount(m.arc_capped[capped], weights=xi[capped], minlength=G),
-        utility=np.bincount(arc_tenant, weights=arc_value * xi, minlength=N),
+        bid_left=bid_left,
+        tier_left=tier_left,
+        group_left=group_left,
+        utility=np.bincount(arc_tenant, weights=arc_value * xi, minlength=guarantee.size),
         arc=arc,
         owner=arc_tenant[arc],
         bid=m.arc_bid[arc],
@@ -365,7 +373,7 @@ def _rounded(
         shut = _shut(s, keys, arc_value, guarantee, priority, lowest_first=lowest_first)
         if not _one_pass(m, s, arc_value=arc_value, rank=_rank(keys), shut=shut):
             break
-    total = np.bincount(m.arc_bid, weights=xi, minlength=B)
+    total = np.bincount(m.arc_bid, weights=xi, minlength=m.bid_room.size)
     drop = (gang_min > 0) & (total < gang_min - EPS)
     xi[drop[m.arc_bid]] = 0.0
     return xi
