@@ -16,13 +16,12 @@ import multiprocessing
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bidstorm import _database_reset  # noqa: E402 - after the path is set
+from bidstorm import _database_reset, _django_env  # noqa: E402 - after the path is set
 
 
 def _cpu() -> tuple[int, int]:
@@ -63,16 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         "BIDCONCURRENT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gm_bidconcurrent"
     )
     os.environ.update(
-        DATABASE_URL=url,
-        DEBUG="0",
-        SECRET_KEY="concurrent-" + uuid.uuid4().hex,
-        GPUMARKET_AUDIT_KEYS="concurrent:" + uuid.uuid4().hex,
-        GPUMARKET_METRICS_TOKEN="concurrent-" + uuid.uuid4().hex,
-        GPUMARKET_AUDIT_CHECKPOINT_PATH=f"/tmp/bidconcurrent-{uuid.uuid4().hex}.jsonl",
-        ALLOWED_HOSTS="localhost",
-        DB_CONN_MAX_AGE="60",
-        DJANGO_SETTINGS_MODULE="config.settings",
-        LOG_LEVEL="WARNING",
+        _django_env(url, "bidconcurrent"), ALLOWED_HOSTS="localhost", DB_CONN_MAX_AGE="60"
     )
     _database_reset(url)
     import django

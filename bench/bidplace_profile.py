@@ -17,13 +17,12 @@ import json
 import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bidstorm import _database_reset  # noqa: E402 - after the path is set
+from bidstorm import _database_reset, _django_env  # noqa: E402 - after the path is set
 
 
 def _statements(label: str, captured: list[dict]) -> None:
@@ -43,19 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     redis_url = os.environ.get("BIDPROFILE_REDIS_URL", "redis://127.0.0.1:6379/11")
     _database_reset(url)
     os.environ.update(
-        DATABASE_URL=url,
+        _django_env(url, "bidprofile"),
         CACHE_URL=redis_url,
-        DEBUG="0",
-        SECRET_KEY="profile-" + uuid.uuid4().hex,
-        GPUMARKET_AUDIT_KEYS="profile:" + uuid.uuid4().hex,
-        GPUMARKET_METRICS_TOKEN="profile-" + uuid.uuid4().hex,
-        GPUMARKET_AUDIT_CHECKPOINT_PATH=f"/tmp/bidprofile-{uuid.uuid4().hex}.jsonl",
-        SECURE_SSL_REDIRECT="0",
         ALLOWED_HOSTS="testserver",
         DB_CONN_MAX_AGE="60",
         GPUMARKET_API_BID_RATE="1000000/minute",  # as in bench/bidstorm.py
-        DJANGO_SETTINGS_MODULE="config.settings",
-        LOG_LEVEL="WARNING",
     )
     import django
 

@@ -59,6 +59,23 @@ def _database_reset(url: str) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
 
 
+def _django_env(url: str, name: str) -> dict[str, str]:
+    """What a bench's own Django process needs in its environment: the bench's database,
+    fresh keys named after the bench, its own audit checkpoint file, no TLS redirect, quiet
+    logs."""
+    return dict(
+        DATABASE_URL=url,
+        DEBUG="0",
+        SECRET_KEY=f"{name}-{uuid.uuid4().hex}",
+        GPUMARKET_AUDIT_KEYS=f"{name}:{uuid.uuid4().hex}",
+        GPUMARKET_METRICS_TOKEN=f"{name}-{uuid.uuid4().hex}",
+        GPUMARKET_AUDIT_CHECKPOINT_PATH=f"/tmp/{name}-{uuid.uuid4().hex}.jsonl",
+        SECURE_SSL_REDIRECT="0",
+        LOG_LEVEL="WARNING",
+        DJANGO_SETTINGS_MODULE="config.settings",
+    )
+
+
 def _env(url: str, redis: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(

@@ -22,14 +22,13 @@ import cProfile
 import os
 import sys
 import time
-import uuid
 from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bidstorm import _database_reset  # noqa: E402 - after the path is set
+from bidstorm import _database_reset, _django_env  # noqa: E402 - after the path is set
 from round_read import _round  # noqa: E402
 
 
@@ -50,17 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         "SETTLEMENT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gm_settlement"
     )
     _database_reset(url)
-    os.environ.update(
-        DATABASE_URL=url,
-        DEBUG="0",
-        SECRET_KEY="bench-" + uuid.uuid4().hex,
-        GPUMARKET_AUDIT_KEYS="bench:" + uuid.uuid4().hex,
-        GPUMARKET_METRICS_TOKEN="bench-" + uuid.uuid4().hex,
-        GPUMARKET_AUDIT_CHECKPOINT_PATH=f"/tmp/settlement-{uuid.uuid4().hex}.jsonl",
-        SECURE_SSL_REDIRECT="0",
-        LOG_LEVEL="WARNING",
-        DJANGO_SETTINGS_MODULE="config.settings",
-    )
+    os.environ.update(_django_env(url, "settlement"))
     import django
 
     django.setup()
