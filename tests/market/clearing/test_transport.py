@@ -157,3 +157,32 @@ def test_equal_values_go_to_the_lower_bid_id():
         n_tiers=1,
     )
     assert y.tolist() == [1.0, 1.0, 0.0]
+
+
+def test_a_tenant_not_done_within_the_path_limit_is_handed_back_unsolved(monkeypatch):
+    # Tenant 0 needs two paths (two bids of 1 GPU for its share of 2), tenant 1 one; each
+    # also needs a search that finds no more. Within 2 searches tenant 1 is done and tenant 0
+    # is not: it is handed back (the guarantee gives it to an LP) with what it had reached.
+    monkeypatch.setattr(transport, "PATH_LIMIT", 2)
+    y, solved = transport.best_bundles(
+        arc_bid=np.array([0, 1, 2]),
+        arc_tenant=np.array([0, 0, 1]),
+        arc_tier=np.zeros(3, dtype=np.int64),
+        value=np.array([3.0, 2.0, 4.0]),
+        quantity=np.ones(3),
+        share=np.array([2.0, 2.0, 1.0]),
+        n_tiers=1,
+    )
+    assert solved.tolist() == [False, False, True]
+    assert y.tolist() == [1.0, 1.0, 1.0]
+    monkeypatch.setattr(transport, "PATH_LIMIT", 3)
+    _, solved = transport.best_bundles(
+        np.array([0, 1, 2]),
+        np.array([0, 0, 1]),
+        np.zeros(3, dtype=np.int64),
+        np.array([3.0, 2.0, 4.0]),
+        np.ones(3),
+        np.array([2.0, 2.0, 1.0]),
+        1,
+    )
+    assert solved.all()
