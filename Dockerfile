@@ -20,10 +20,9 @@ RUN SECRET_KEY=build-only GPUMARKET_AUDIT_KEYS=build:build-only-audit-key-never-
 RUN mkdir -p /var/lib/gpumarket/audit /var/cache/gpumarket/numba \
     && chown gpumarket /var/lib/gpumarket/audit /var/cache/gpumarket/numba
 USER gpumarket
-# The guarantee's path search is compiled by numba on its first call (about 3 s); compiled
-# here once, every container's processes load it from this cache instead.
+# The clearing's compiled kernels are compiled by numba on their first call (about 5 s);
+# compiled here once, every container's processes load them from this cache instead.
 ENV NUMBA_CACHE_DIR=/var/cache/gpumarket/numba
-RUN python -c "import numpy as np; from market.clearing.transport import best_bundles; \
-    best_bundles(*(np.zeros(1, int),) * 3, *(np.ones(1),) * 3, 1)"
+RUN python -c "from market.clearing import warm; warm()"
 EXPOSE 8000
 CMD ["gunicorn", "config.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from . import bidsums, transport
 from .errors import ClearingError, SolverError
 from .inputs import Arrays, Bid, Instance, Tenant, Tier, _finite_nonneg, instance_arrays
 from .mechanisms import MECHANISMS, mechanism_params
@@ -32,7 +33,23 @@ __all__ = [
     "Tier",
     "clear",
     "clear_arrays",
+    "warm",
 ]
+
+
+def warm() -> None:
+    """Load the compiled kernels (transport.py's path search, bidsums.py's sums) from numba's
+    cache, or compile them there the first time (about 5 s), by calling each once on one arc:
+    a process that calls this first pays for it before its first round, not in it."""
+    one, arc, blocks = np.zeros(1, dtype=np.int64), np.ones(1), np.array([[1, 0, 1]])
+    transport.best_bundles(one, one, one, arc, arc, arc, 1)
+    bidsums.per_bid(blocks, arc, arc, arc, arc)
+    bidsums.tenant_terms(arc.copy(), arc, arc, arc, one, one, 1, 1)
+    bidsums.z_times(blocks, arc, arc, arc, arc, one, one, arc, arc)
+    bidsums.times(arc, arc, arc, one, arc, arc, one, arc, one, 1, 1, 1)
+    bidsums.tier_sum(
+        blocks, arc, arc, one, one, np.ones((1, 1)), np.ones((1, 1)), np.ones((1, 1)), 1, 1
+    )
 
 
 def _quotas(

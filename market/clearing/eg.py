@@ -52,6 +52,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.sparse as sp
 
+from . import bidsums
+
 GAP_ABS, GAP_REL = 1e-7, 1e-6  # the proven gap asked for: as the conic solver's settings
 SHORT = 1e-9  # a guarantee may be missed by this much, relative
 PENALTY = 1e3  # rho_i = PENALTY * w_i / g_i: a guarantee's dual is far below it
@@ -246,8 +248,8 @@ class _Rows:
     need: np.ndarray  # (n,) bool, a guarantee row
     rho: np.ndarray  # (n,) its elastic slack's price
     groups: tuple[tuple[int, int, int], ...]  # (c, first, end): the arcs of the bids of c arcs
+    blocks: np.ndarray  # (G, 3) the same groups as an array, for bidsums
     cell: np.ndarray  # (K,) tenant x T + tier
-    cross_cell: np.ndarray  # per pair (k, j) of _shifted: (k's cell) x T + j's tier
 
     def bids(self, y: np.ndarray) -> np.ndarray:
         """B y: the sum over each bid's arcs."""
@@ -375,7 +377,6 @@ def _path(
     kb, kt, ki = p.arc_bid, p.arc_tier, p.bid_buyer[p.arc_bid]
     w, h, g = p.weight, p.held, p.floor
     need = g > 0
-    pk, pj = _pair_arcs(groups, K)
     rows = _Rows(
         kb=kb,
         kt=kt,
@@ -386,8 +387,8 @@ def _path(
         need=need,
         rho=np.where(need, PENALTY * w / np.maximum(g, 1e-300), 0.0),
         groups=groups,
+        blocks=np.array(groups, dtype=np.int64).reshape(-1, 3),
         cell=ki * T + kt,
-        cross_cell=(ki * T + kt)[pk] * T + kt[pj],
     )
     # A strictly feasible start: half of each bid spread over its arcs, scaled to half of
     # every tier; the elastic slack e covers what that start lacks of a guarantee.
@@ -443,30 +444,6 @@ def _path(
     ):
         return best, step, np.inf
     return None
-
-
-def _shifted(groups, y: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """y_k d_j over every ordered pair (k, j), k != j, of arcs of one bid, in one order:
-    group by group, for each shift s = 1 .. c - 1, k's partner the arc s places after it in
-    its bid (cyclically)."""
-    out = []
-    for c, lo, hi in groups:
-        ys, ds = y[lo:hi].reshape(c, -1), d[lo:hi].reshape(c, -1)
-        for s in range(1, c):
-            out += [(ys[: c - s] * ds[s:]).ravel(), (ys[c - s :] * ds[:s]).ravel()]
-    return np.concatenate(out) if out else np.zeros(0)
-
-
-def _pair_arcs(groups, K: int) -> tuple[np.ndarray, np.ndarray]:
-    """(k, j) of every ordered pair of arcs of one bid, in ``_shifted``'s order."""
-    arc = np.arange(K)
-    pk, pj = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
-    for c, lo, hi in groups:
-        blk = arc[lo:hi].reshape(c, -1)
-        for s in range(1, c):
-            pk += [blk[: c - s].ravel(), blk[c - s :].ravel()]
-            pj += [blk[s:].ravel(), blk[:s].ravel()]
-    return np.concatenate(pk), np.concatenate(pj)
 
 
 def _complements(p: Program, rows: _Rows, pt: Point) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -610,48 +587,50 @@ class _System:
         # term nearly cancels its bids' terms when it is split between tiers (an (n, T, T)
         # array: 640k numbers at 10k tenants and 8 tiers).
         qv_tier = np.bincount(cell, weights=self.qv, minlength=n * T).reshape(n, T)
-        # (float even with no pairs: bincount of no weights is an integer array)
-        cross = (
-            np.bincount(
-                rows.cross_cell,
-                weights=_shifted(rows.groups, self.a, self.dinv),
-                minlength=n * T * T,
-            )
-            .astype(float, copy=False)
-            .reshape(n, T, T)
-        )
         diag = np.bincount(cell, weights=own, minlength=n * T).reshape(n, T)
-        # Each tenant's -(cross + outer - diag), in place in ``cross`` (one (n, T, T) array
-        # more, not three).
-        cross += (qv_tier * self.coef[:, None])[:, :, None] * self.VQA[:, None, :]
-        cross.reshape(n, T * T)[:, :: T + 1] -= diag
-        self.S = np.diag(1.0 / gam) - cross.sum(axis=0)
+        # Each tenant's cross + outer - diag, then their sum (bidsums.tier_sum).
+        tenant_tier = qv_tier * self.coef[:, None]
+        self.S = np.diag(1.0 / gam) - bidsums.tier_sum(
+            rows.blocks, self.a, self.dinv, cell, rows.kt, tenant_tier, self.VQA, diag, n, T
+        )
 
     def _z_times(self, c: np.ndarray) -> np.ndarray:
         """Z c for a T-vector c: (Q^-1 A' c)_k = a_k (inv_sig c_k + sum_j dinv_j (c_k - c_j))
         over the other arcs j of k's bid, c_k the price of k's tier."""
         rows = self.rows
-        ck = c[rows.kt]
-        qa = self.a * (self.sig_k * ck + rows.spread(self.dinv, ck))
-        return qa - self.qv * (self.coef * (self.VQA @ c))[rows.ki]
+        tenant = self.coef * (self.VQA @ c)
+        return bidsums.z_times(
+            rows.blocks, self.a, self.sig_k, self.dinv, self.qv, rows.kt, rows.ki, c, tenant
+        )
 
     def _per_bid(self, y: np.ndarray) -> np.ndarray:
         """Q^-1 y, Q = diag(d) + B' diag(sig) B, bid by bid."""
-        return self.dinv * (y * self.base - self.rows.others(self.dinv * y)) / self.denom
+        return bidsums.per_bid(self.rows.blocks, self.dinv, self.base, self.denom, y)
 
     def _blocks(self, r: np.ndarray) -> np.ndarray:
         rows = self.rows
         q = self._per_bid(r)
-        q -= self.qv * (self.coef * rows.values(q))[rows.ki]
-        return q - self._z_times(np.linalg.solve(self.S, rows.tiers(q, self.gam.size)))
+        # q less its tenants' terms, in place, and its sum per tier
+        tiers = bidsums.tenant_terms(
+            q, self.qv, self.coef, rows.v, rows.ki, rows.kt, self.omega.size, self.gam.size
+        )
+        return q - self._z_times(np.linalg.solve(self.S, tiers))
 
     def _times(self, y: np.ndarray) -> np.ndarray:
         rows = self.rows
-        return (
-            self.d * y
-            + (self.sig * rows.bids(y))[rows.kb]
-            + rows.v * (self.omega * rows.values(y))[rows.ki]
-            + (self.gam * rows.tiers(y, self.gam.size))[rows.kt]
+        return bidsums.times(
+            self.d,
+            y,
+            self.sig,
+            rows.kb,
+            rows.v,
+            self.omega,
+            rows.ki,
+            self.gam,
+            rows.kt,
+            rows.nb,
+            self.omega.size,
+            self.gam.size,
         )
 
     def solve(self, rhs: np.ndarray) -> np.ndarray:
