@@ -20,8 +20,9 @@ digit), per tenant (Sherman-Morrison), over the T tiers (a T x T system); that s
 preconditions conjugate gradients on the exact matrix, which end in about one iteration.
 A step costs a few sums over the arcs, laid out for them (``_by_arc_count``: the bids with c
 arcs side by side as a (c, bids) block, so that a sum over a bid's other arcs adds whole
-rows); at 100k bids the method takes about 25 steps where the conic solver takes 39
-iterations of a factorisation of the whole program.
+rows), the system's products each one compiled pass or two (bidsums.py); at 100k bids the
+method takes about 25 steps where the conic solver takes 39 iterations of a factorisation
+of the whole program.
 
 *The proof.* Only the T tier rows link tenants. At prices pi each tenant's part of the
 Lagrangian, max w_i log u_i - pi . y_i over its own bids with u_i >= g_i, has an exact
