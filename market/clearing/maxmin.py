@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ import numpy as np
 from . import eg, highs, lp
 from .errors import SolverError
 from .guarantee import guarantee_values
+from .pools import pools
 from .program import Skeleton, guarantee_rows, market_program, residual, utility_rows
 from .rounding import round_whole
 from .rules import EPS, Market, OpenMarket, Outcome, gangs_whole, open_market, unique_inverse
@@ -282,6 +284,17 @@ def _settled_first(
     return None
 
 
+def _prices(market: Market, x: np.ndarray) -> np.ndarray:
+    """Each tier's price: the best limit there of a divisible bid left short by ``x`` (E,),
+    and at least the reserve."""
+    a = market.arrays
+    short = np.bincount(a.arc_bid, weights=x, minlength=a.n_bids) < a.quantity - EPS
+    want = np.full(a.n_tiers, -np.inf)
+    sel = short[a.arc_bid] & ~market.is_gang[a.arc_bid]
+    np.maximum.at(want, a.arc_tier[sel], a.arc_price[sel])
+    return np.maximum(a.reserve, want)
+
+
 def _floors(e: np.ndarray, g: np.ndarray, tau: float) -> np.ndarray:
     """Each tenant's stage-2 floor: max(tau e_i, g_i), e_i counted where it is above 0."""
     return np.maximum(np.where(e > EPS, tau * e, 0.0), g)
@@ -400,6 +413,20 @@ def _worst_ratio(
 
 
 def maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:
+    """The mechanism, on the market with each tenant's interchangeable bids pooled where
+    that makes it much smaller (pools.py), its awards then spread over the bids."""
+    pooled = pools(market)
+    if pooled is None:
+        return _maxmin(market, params)
+    out = _maxmin(pooled.market, params)
+    a = market.arrays
+    x = pooled.spread(out.x)
+    return replace(
+        out, x=x, prices=_prices(market, x), arc_value=out.values[a.arc_tenant, a.arc_tier]
+    )
+
+
+def _maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:
     a = market.arrays
     N, B = a.n_tenants, a.n_bids
     time_limit = float(params["time_limit"])
@@ -453,13 +480,9 @@ def maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:
         if status == "optimal" and not exact:
             status = "rounded"
     total = market.floor_x + x
-    short = np.bincount(a.arc_bid, weights=total, minlength=B) < a.quantity - EPS
-    want = np.full(a.n_tiers, -np.inf)
-    sel = short[a.arc_bid] & ~market.is_gang[a.arc_bid]
-    np.maximum.at(want, a.arc_tier[sel], a.arc_price[sel])
     return Outcome(
         x=total,
-        prices=np.maximum(a.reserve, want),
+        prices=_prices(market, total),
         status=status,
         solve_seconds=seconds,
         rounding_seconds=rounding_seconds,
