@@ -16,9 +16,10 @@ capacity row of a maximisation has a non-negative dual.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import highspy
 import numpy as np
 import scipy.sparse as sp
 
@@ -59,6 +60,8 @@ class Solution:
     duals: dict[str, np.ndarray]
     status: str  # "optimal", "time_limit" (feasible incumbent) or "no_solution"
     seconds: float
+    # An optimal basis, given seconds to find it (highs.LpSolution.basis); None for a MIP.
+    basis: Callable[[float], highspy.HighsBasis | None] | None = None
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.values[name]
@@ -164,11 +167,13 @@ class Program:
         relax: bool = False,
         start: Start | None = None,
         vertex: bool = True,
+        basis: highspy.HighsBasis | None = None,
     ) -> Solution:
         """Solve; ``relax`` drops integrality (the LP relaxation). ``start``: a point near
         the optimum to begin from (highs.solve's start; an LP only). ``vertex=False``: the
         optimal value is what is wanted, and a large LP's answer may be an interior point
-        (highs.solve)."""
+        (highs.solve). ``basis``: a basis of this program (its rows and blocks unchanged
+        since, bounds and objective may differ) to begin from (highs.solve's basis)."""
         cost = np.zeros(self.n_cols)
         for block, coef in objective:
             cost[block.start : block.start + block.size] += coef
@@ -188,6 +193,7 @@ class Program:
             what=self.what,
             start=None if start is None else self._start(start, matrix.shape[0], names),
             vertex=vertex,
+            basis=basis,
         )
         values = {name: sol.x[b.start : b.start + b.size] for name, b in self.blocks.items()}
         duals, at = {}, 0
@@ -195,4 +201,6 @@ class Program:
             n = self._rows[name][1].size
             duals[name] = sol.row_dual[at : at + n]
             at += n
-        return Solution(values=values, duals=duals, status=sol.status, seconds=sol.seconds)
+        return Solution(
+            values=values, duals=duals, status=sol.status, seconds=sol.seconds, basis=sol.basis
+        )

@@ -67,6 +67,7 @@ def _stages(
     tau = _fair_rows(sk, market, v=v, e=e, g=g, held=held)
     counted = np.flatnonzero(e > EPS)
     seconds, tau_star, status = 0.0, 0.0, "optimal"
+    first: lp.Solution | None = None
     fractional = relax or market.divisible
     # With whole GPUs and more tenants to count than GPUs, someone gets none: tau* = 0, and
     # a mixed-integer search would only spend its time limit proving it.
@@ -97,7 +98,7 @@ def _stages(
             status = first.status
             tau_star = float(first["tau"][0])
         p.bounds(tau, lo=_tau_floor(tau_star))
-    x, second, more = _stage_two(sk, tau=tau_star, time_limit=time_limit, **common)
+    x, second, more = _stage_two(sk, tau=tau_star, time_limit=time_limit, after=first, **common)
     if x is None:
         return np.zeros(sk.cols.size), 0.0, "fallback", seconds + more
     return x, tau_star, status if second == "optimal" else second, seconds + more
@@ -116,11 +117,14 @@ def _stage_two(
     time_limit: float,
     relax: bool,
     settled_only: bool = False,
+    after: lp.Solution | None = None,
 ) -> tuple[np.ndarray | None, str, float]:
     """Stage 2 with tau kept at ``tau`` (its bound on the program already set): arc GPUs
     over sk.cols (None when no incumbent was found), the solver's status, seconds.
     ``settled_only``: only by ``_settled_first`` from eg's interior point, which proves the
-    answer optimal; None where that does not end optimal (or is not tried)."""
+    answer optimal; None where that does not end optimal (or is not tried). ``after``:
+    stage 1's solution, whose optimal basis (tau at tau*, which the bound keeps) starts the
+    simplex method when eg's interior point is not there to start from."""
     start, began = None, time.perf_counter()
     floors = dict(v=v, e=e, g=g, held=held, tau=_tau_floor(tau))
     if relax or market.divisible:
@@ -137,8 +141,19 @@ def _stage_two(
     spent = time.perf_counter() - began
     if settled is not None or settled_only:
         return settled, "optimal", spent
+    basis = None
+    if start is None and after is not None and after.basis is not None:
+        # Stage 2 has stalled in eg's interior point where tau* leaves its floors no room (a
+        # few large tenants): the simplex method from stage 1's vertex, 4 s where HiGHS's
+        # interior point took 15 s at 100k bids (docs/clearing.md).
+        basis = after.basis(highs.START_SHARE * max(time_limit - spent, 1e-3))
+        spent = time.perf_counter() - began
     second = sk.program.maximise(
-        [(sk.x, v[sk.cols])], time_limit=max(time_limit - spent, 1e-3), relax=relax, start=start
+        [(sk.x, v[sk.cols])],
+        time_limit=max(time_limit - spent, 1e-3),
+        relax=relax,
+        start=start,
+        basis=basis,
     )
     x = None if second.status == "no_solution" else np.clip(second["x"], 0.0, None)
     return x, second.status, spent + second.seconds

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from market.clearing import Bid, Instance, Tenant, Tier, clear, eg, fisher, highs, lp, maxmin
+from market.clearing.inputs import instance_arrays
 
 from .test_eg import _holds, _instance, _program
 
@@ -439,3 +440,106 @@ def test_a_start_that_runs_out_of_its_share_of_the_time_leaves_the_rest_to_the_l
     assert float(c @ started["x"]) == pytest.approx(
         float(c @ prog.maximise([(x, c)])["x"]), rel=1e-9
     )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_basis_of_an_answer_without_a_vertex_starts_the_next_lp(monkeypatch, seed):
+    """An interior point's answer (vertex=False) gives its optimal basis by crossover from its
+    own point; the same program with another objective, begun from that basis, ends at the
+    optimum it reaches from nothing, by the simplex method from the basis."""
+    monkeypatch.setattr(highs, "IPM_ROWS", 0)
+    p = _linear(seed)
+    prog, x = _lp(p)
+    first = prog.maximise([(x, _objective(p))], vertex=False)
+    basis = first.basis(10.0)
+    assert basis is not None and basis.valid
+    other = p.value * np.random.default_rng(seed).uniform(0.5, 1.5, size=p.value.size)
+    used = _returns(monkeypatch, highs, "_from_basis")
+    begun = prog.maximise([(x, other)], basis=basis)
+    assert used and used[0] is not None  # ended from the basis, not solved again
+    assert begun.status == "optimal"
+    cold = prog.maximise([(x, other)])
+    assert float(other @ begun["x"]) == pytest.approx(float(other @ cold["x"]), rel=1e-9)
+    _holds(p, begun["x"], tol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_maxmin_stage_two_begins_from_stage_ones_basis_without_an_interior_point(monkeypatch, seed):
+    """Where eg's interior point gives stage 2 no start (it stalls at tau* on rounds of a few
+    large tenants), stage 2 begins from stage 1's optimal basis: the same worst share ratio
+    and the same stage-2 value as stage 2 solved from nothing."""
+    base = _instance(seed, bids=600, tenants=40)
+    inst = dataclasses.replace(
+        base, tiers=tuple(dataclasses.replace(t, capacity=t.capacity // 4) for t in base.tiers)
+    )
+    monkeypatch.setattr(highs, "IPM_ROWS", 0)
+    monkeypatch.setattr(maxmin, "_interior_start", lambda *args, **kwargs: None)
+    monkeypatch.setattr(maxmin, "_tau_bound", lambda *args, **kwargs: np.inf)  # stage 1 runs
+    used = _returns(monkeypatch, highs, "_from_basis")
+    begun = clear(inst, mechanism="maxmin", divisible=True)
+    assert used and all(found is not None for found in used)
+    original = maxmin._stage_two
+    monkeypatch.setattr(maxmin, "_stage_two", lambda *a, **k: original(*a, **{**k, "after": None}))
+    used.clear()
+    cold = clear(inst, mechanism="maxmin", divisible=True)
+    assert not used
+    assert begun.diagnostics["min_share_ratio"] == pytest.approx(
+        cold.diagnostics["min_share_ratio"], rel=1e-7
+    )
+    assert _stage_two_value(inst, begun) == pytest.approx(_stage_two_value(inst, cold), rel=1e-7)
+
+
+def _stage_two_value(inst: Instance, result) -> float:
+    """sum_i u_i: each GPU at its tenant's best limit on its tier."""
+    a = instance_arrays(inst)
+    best = np.zeros((a.n_tenants, a.n_tiers))
+    np.maximum.at(best, (a.arc_tenant, a.arc_tier), a.arc_price)
+    tier = {name: t for t, name in enumerate(a.tier_names)}
+    tenant = dict(zip(a.bid_ids, a.bid_tenant.tolist(), strict=True))
+    return sum(best[tenant[x.bid], tier[x.tier]] * x.gpus for x in result.allocations)
+
+
+class _Unproven:
+    """A solver that reports its interior point's run as not proven optimal (as HiGHS does
+    when the point's duals end just past its tolerance, seen on maxmin's stage 1 of 1,000
+    tenants at 100k bids), and is itself again once it is run on."""
+
+    def __init__(self, h):
+        self._h, self._unproven = h, True
+
+    def getModelStatus(self):  # noqa: N802 - highspy's name
+        if self._unproven:
+            return highs.highspy.HighsModelStatus.kUnknown
+        return self._h.getModelStatus()
+
+    def run(self):
+        self._unproven = False
+        return self._h.run()
+
+    def __getattr__(self, name):
+        return getattr(self._h, name)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_interior_point_not_proven_optimal_gets_its_vertex_from_its_own_point(monkeypatch, seed):
+    """vertex=False whose interior point is feasible but not proven optimal: crossover from
+    that point and the simplex method in the same solver give the optimal vertex; the LP is
+    not solved again from nothing."""
+    monkeypatch.setattr(highs, "IPM_ROWS", 0)
+    p = _linear(seed)
+    prog, x = _lp(p)
+    c = _objective(p)
+    expected = float(c @ prog.maximise([(x, c)])["x"])
+    original = highs._run
+    runs = []
+
+    def unproven(lp_, **kwargs):
+        runs.append(kwargs["crossover"])
+        return _Unproven(original(lp_, **kwargs))
+
+    monkeypatch.setattr(highs, "_run", unproven)
+    found = prog.maximise([(x, c)], vertex=False)
+    assert runs == [False]
+    assert found.status == "optimal"
+    assert float(c @ found["x"]) == pytest.approx(expected, rel=1e-9)
+    _holds(p, found["x"], tol=1e-6)
