@@ -1,7 +1,8 @@
-"""A tenant's interchangeable bids as one: the same market with fewer bids, for maxmin.
+"""A tenant's interchangeable bids as one: the same market with fewer bids, for maxmin and
+fisher.
 
-maxmin values a tenant's GPU on a tier at the tenant's own value of that tier, whatever bid
-it comes from, so two divisible bids of one tenant on the same tiers are interchangeable:
+Both value a tenant's GPU on a tier at the tenant's own value of that tier, whatever bid it
+comes from, so two divisible bids of one tenant on the same tiers are interchangeable:
 every allocation of the pair is one of a single bid of both quantities, and the program, its
 optimum and its tenants' utilities are the same (and the guarantees: a tenant's rank function
 sums the demand of its bids by their tiers). A round of a few large tenants (research teams
@@ -11,8 +12,11 @@ whole program where it takes a third of that on the pooled one (docs/clearing.md
 
 Gang bids stay as they are. A pool's limit on a tier is its bids' best (the market's value of
 the tier for the tenant is unchanged); the prices are set on the original bids afterwards.
-What a pool wins goes to its bids in id order, each filled before the next gets any, its
-tiers taken in index order: the earlier bid wins, as everywhere in the market.
+What a pool wins goes to its bids by their best limit, highest first, then in id order, each
+filled before the next gets any, its tiers taken in index order: the bid that offers more
+wins, and among equal offers the earlier one, as in the welfare clear. (So the bids a tenant
+leaves wanting are its lowest offers, and maxmin's price, the highest limit left wanting on
+a tier, is no higher than it must be.)
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ POOL_BELOW = 0.5
 class Pools:
     """``market``: the pooled market; per arc of the original market, ``pool_arc``: its
     pool's arc on the same tier, and ``bid_lo``, ``bid_hi``: where its bid's GPUs begin and
-    end, counted over its pool's bids in id order. An arc gets the overlap of that span with
+    end, counted over its pool's bids in the order they are served. An arc gets the overlap of that span with
     the span of its pool's arc, the pool's arcs' GPUs counted in tier order."""
 
     market: Market
@@ -41,8 +45,8 @@ class Pools:
     bid_hi: np.ndarray
 
     def spread(self, x: np.ndarray) -> np.ndarray:
-        """GPUs per original arc from ``x``, GPUs per pooled arc: each pool's bids in id order
-        take what its arcs hold, in tier order; whole numbers stay whole."""
+        """GPUs per original arc from ``x``, GPUs per pooled arc: each pool's bids in the order
+        they are served take what its arcs hold, in tier order; whole numbers stay whole."""
         pa = self.market.arrays
         ends = np.cumsum(x)
         # The pool's arcs' GPUs counted from its first arc (arcs are in pool order).
@@ -52,9 +56,11 @@ class Pools:
         return np.maximum(0.0, np.minimum(arc_hi, self.bid_hi) - np.maximum(arc_lo, self.bid_lo))
 
 
-def pools(market: Market) -> Pools | None:
+def pools(market: Market, *, budget: np.ndarray | None = None) -> Pools | None:
     """The market with each tenant's divisible bids on the same tiers as one bid; None where
-    reserved quotas are set or pooling would not bring the bids below POOL_BELOW of them."""
+    reserved quotas are set or pooling would not bring the bids below POOL_BELOW of them.
+    ``budget`` (N,): the tenants' budgets to give the pooled market, where they come from the
+    bids' own limits (fisher's), which a pool's best limit would change."""
     if market.quotas_set:
         return None
     a = market.arrays
@@ -93,9 +99,13 @@ def pools(market: Market) -> Pools | None:
         arc_bid=keys // T,
         arc_tier=keys % T,
         arc_price=price,
+        budget=a.budget if budget is None else budget,
     )
-    # Each bid's GPUs counted within its pool, the pool's bids in id order.
-    order = np.lexsort((np.arange(B), pool_of))
+    # Each bid's GPUs counted within its pool, the pool's bids by their best limit, highest
+    # first, then in id order.
+    best = np.zeros(B)
+    np.maximum.at(best, a.arc_bid, a.arc_price)
+    order = np.lexsort((np.arange(B), -best, pool_of))
     ends = np.cumsum(a.quantity[order])
     starts = ends - a.quantity[order]
     pool_start = np.searchsorted(pool_of[order], pool_of[order])

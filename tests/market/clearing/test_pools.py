@@ -1,12 +1,13 @@
-"""maxmin on a tenant's interchangeable bids pooled (pools.py): the same optimum as on the bids
-one by one, a pool's GPUs to its bids in id order, gang bids kept apart."""
+"""maxmin and fisher on a tenant's interchangeable bids pooled (pools.py): the same optimum as
+on the bids one by one, a pool's GPUs to its highest offers first, then in id order, gang
+bids kept apart."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from market.clearing import Bid, Instance, Tenant, Tier, clear, pools
+from market.clearing import Bid, Instance, Tenant, Tier, clear, fisher, pools
 from market.clearing.inputs import instance_arrays
 from market.clearing.rules import build_market
 
@@ -92,6 +93,25 @@ def test_a_pools_gpus_go_to_its_bids_in_id_order():
     assert got == [("b0", "t0", 2), ("b1", "t1", 1)]
 
 
+def test_a_pools_gpus_go_to_its_highest_offer_first():
+    # The same three bids, b2 offering more on each tier: it is served first, then b0; b1,
+    # the lowest offer after b0's equal one by id, is left wanting, and maxmin's price on t0
+    # is b1's limit, not b2's.
+    inst = Instance(
+        tiers=(Tier("t0", 2, reserve_price=1), Tier("t1", 1, reserve_price=1)),
+        tenants=(Tenant("n", weight=1),),
+        bids=(
+            Bid("b0", "n", 2, {"t0": 5, "t1": 5}),
+            Bid("b1", "n", 2, {"t0": 5, "t1": 5}),
+            Bid("b2", "n", 2, {"t0": 9, "t1": 8}),
+        ),
+    )
+    r = clear(inst, mechanism="maxmin")
+    got = sorted((x.bid, x.tier, x.gpus) for x in r.allocations)
+    assert got == [("b0", "t1", 1), ("b2", "t0", 2)]
+    assert r.prices == {"t0": 5, "t1": 5}
+
+
 def test_gang_bids_stay_their_own_pool():
     inst = Instance(
         tiers=(Tier("t0", 8, reserve_price=1),),
@@ -110,3 +130,33 @@ def test_gang_bids_stay_their_own_pool():
     assert a.bid_ids == ("b0", "b1")  # the four divisible bids as b0's pool, the gang alone
     assert a.quantity.tolist() == [8.0, 2.0]
     assert pooled.market.is_gang.tolist() == [False, True]
+
+
+def _eg_value(inst: Instance, result, budget: np.ndarray) -> float:
+    """sum_i B_i log u_i of the result, u_i at the tenant's best limit on each tier."""
+    a = instance_arrays(inst)
+    best = np.zeros((a.n_tenants, a.n_tiers))
+    np.maximum.at(best, (a.arc_tenant, a.arc_tier), a.arc_price)
+    tier = {name: t for t, name in enumerate(a.tier_names)}
+    tenant = dict(zip(a.bid_ids, a.bid_tenant.tolist(), strict=True))
+    u = np.zeros(a.n_tenants)
+    for x in result.allocations:
+        u[tenant[x.bid]] += best[tenant[x.bid], tier[x.tier]] * x.gpus
+    counted = budget > 0
+    return float(budget[counted] @ np.log(u[counted]))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fisher_on_pooled_bids_reaches_the_optimum_of_the_bids_one_by_one(seed, monkeypatch):
+    # The budgets come from the bids' own limits (no budget set): the pooled market is given
+    # the bids' budgets, not those its pools' best limits would make.
+    inst = _few_large_tenants(seed)
+    market = build_market(instance_arrays(inst), divisible=True)
+    budget = fisher.budgets(market)
+    assert pools.pools(market) is not None
+    pooled = clear(inst, mechanism="fisher", divisible=True)
+    monkeypatch.setattr(pools, "POOL_BELOW", 0.0)
+    apart = clear(inst, mechanism="fisher", divisible=True)
+    assert _eg_value(inst, pooled, budget) == pytest.approx(
+        _eg_value(inst, apart, budget), rel=1e-6
+    )
