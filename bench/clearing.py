@@ -357,7 +357,10 @@ def partitioned(args, sizes) -> None:
 def arrays_only(args, sizes) -> None:
     """Each exact clear from the instance's arrays, --repeat times, every run's seconds and
     the least: the figure the platform's path gives, without the bare solves around it."""
-    print(f"{'policy':8} {'tenants':>7} {'bids':>7} {'tiers':>5}  {'least':>6}  runs")
+    print(
+        f"{'policy':8} {'tenants':>7} {'bids':>7} {'tiers':>5}  {'least':>6}  "
+        f"{'worst':>6} {'unmet':>5}  runs"
+    )
     for tenants, bids, tiers in sizes:
         arrays = instance_arrays(
             instance(
@@ -366,12 +369,15 @@ def arrays_only(args, sizes) -> None:
         )
         for policy in args.policies.split(","):
             params = {"time_limit": args.time_limit}
-            runs = [
-                clear_arrays(arrays, mechanism=policy, params=params).diagnostics["total_seconds"]
+            results = [
+                clear_arrays(arrays, mechanism=policy, params=params).diagnostics
                 for _ in range(args.repeat)
             ]
+            runs = [d["total_seconds"] for d in results]
+            d = results[-1]  # the worst share ratio and the guarantees left unmet
             print(
                 f"{policy:8} {tenants:7} {bids:7} {tiers:5}  {min(runs):6.2f}  "
+                f"{d['min_share_ratio']:6.4f} {d['guarantees_unmet']:5d}  "
                 + " ".join(f"{r:.2f}" for r in runs),
                 flush=True,
             )
