@@ -37,7 +37,7 @@ import scipy.sparse as sp
 from . import eg, lp
 from .errors import SolverError
 from .guarantee import guarantee_values
-from .pools import pools
+from .pools import on_pools
 from .program import guarantee_rows, market_program, residual, utility_rows
 from .rounding import round_whole
 from .rules import EPS, Market, OpenMarket, Outcome, open_market, unique_inverse
@@ -243,17 +243,9 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
     """The mechanism, on the market with each tenant's interchangeable bids pooled where
     that makes it much smaller (pools.py; the budgets its bids' limits set are kept), its
     awards then spread over the bids."""
-    pooled = pools(market, budget=budgets(market))
-    if pooled is None:
-        return _fisher(market, params)
-    out = _fisher(pooled.market, params)
-    a = market.arrays
-    return replace(
-        out,
-        x=pooled.spread(out.x),
-        arc_value=out.values[a.arc_tenant, a.arc_tier],
-        budget_cap=np.where(np.isnan(a.budget), np.inf, a.budget),
-    )
+    out = on_pools(market, _fisher, params, budget=budgets(market))
+    a = market.arrays  # its budgets, not the pooled market's (given there from its bids)
+    return replace(out, budget_cap=np.where(np.isnan(a.budget), np.inf, a.budget))
 
 
 def _fisher(market: Market, params: Mapping[str, Any]) -> Outcome:

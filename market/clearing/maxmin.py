@@ -34,7 +34,7 @@ import numpy as np
 from . import eg, highs, lp
 from .errors import SolverError
 from .guarantee import guarantee_values
-from .pools import pools
+from .pools import on_pools
 from .program import Skeleton, guarantee_rows, market_program, residual, utility_rows
 from .rounding import round_whole
 from .rules import EPS, Market, OpenMarket, Outcome, gangs_whole, open_market, unique_inverse
@@ -430,15 +430,8 @@ def _worst_ratio(
 def maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:
     """The mechanism, on the market with each tenant's interchangeable bids pooled where
     that makes it much smaller (pools.py), its awards then spread over the bids."""
-    pooled = pools(market)
-    if pooled is None:
-        return _maxmin(market, params)
-    out = _maxmin(pooled.market, params)
-    a = market.arrays
-    x = pooled.spread(out.x)
-    return replace(
-        out, x=x, prices=_prices(market, x), arc_value=out.values[a.arc_tenant, a.arc_tier]
-    )
+    out = on_pools(market, _maxmin, params)
+    return replace(out, prices=_prices(market, out.x))
 
 
 def _maxmin(market: Market, params: Mapping[str, Any]) -> Outcome:

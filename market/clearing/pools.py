@@ -21,11 +21,13 @@ a tier, is no higher than it must be.)
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
-from .rules import Market, build_market
+from .rules import Market, Outcome, build_market
 
 # Pool only where it makes the market at most this share of its bids. Measured (maxmin, 8
 # tiers): pools of 53 % of 100k bids (1,000 tenants) 24.2 -> 12.5 s, of 76 % (3,000) 2.28 ->
@@ -38,8 +40,9 @@ POOL_BELOW = 0.8
 class Pools:
     """``market``: the pooled market; per arc of the original market, ``pool_arc``: its
     pool's arc on the same tier, and ``bid_lo``, ``bid_hi``: where its bid's GPUs begin and
-    end, counted over its pool's bids in the order they are served. An arc gets the overlap of that span with
-    the span of its pool's arc, the pool's arcs' GPUs counted in tier order."""
+    end, counted over its pool's bids in the order they are served. An arc gets the overlap
+    of that span with the span of its pool's arc, the pool's arcs' GPUs counted in tier
+    order."""
 
     market: Market
     pool_arc: np.ndarray
@@ -56,6 +59,25 @@ class Pools:
         before = ends - x - (ends[first] - x[first])
         arc_lo, arc_hi = before[self.pool_arc], (before + x)[self.pool_arc]
         return np.maximum(0.0, np.minimum(arc_hi, self.bid_hi) - np.maximum(arc_lo, self.bid_lo))
+
+
+def on_pools(
+    market: Market,
+    run: Callable[[Market, Mapping[str, Any]], Outcome],
+    params: Mapping[str, Any],
+    *,
+    budget: np.ndarray | None = None,
+) -> Outcome:
+    """``run`` (a mechanism) on the pooled market where ``pools`` gives one, its awards spread
+    over the bids (``x``, and ``arc_value`` per arc of the bids); else on ``market`` itself.
+    What a mechanism sets from the bids' own limits (maxmin's prices) it sets again on
+    ``market``."""
+    pooled = pools(market, budget=budget)
+    if pooled is None:
+        return run(market, params)
+    out = run(pooled.market, params)
+    a = market.arrays
+    return replace(out, x=pooled.spread(out.x), arc_value=out.values[a.arc_tenant, a.arc_tier])
 
 
 def pools(market: Market, *, budget: np.ndarray | None = None) -> Pools | None:
