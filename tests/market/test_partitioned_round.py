@@ -167,3 +167,32 @@ def test_a_failed_or_lost_part_fails_the_round_and_releases_every_hold(workers, 
         balance = balance_get(tenant=tenant)
         assert (balance.available, balance.escrow) == (CREDITS, 0)
     assert ledger_verify() == []
+
+
+def _log_when_ready(worker: CeleryWorker) -> str:
+    """The worker's log once it says it is ready (a ping is answered by any worker on the
+    broker, so the second worker of a test may not have started when the first answers)."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        log = worker.log_path.read_text()
+        if " ready." in log:
+            return log
+        time.sleep(0.2)
+    pytest.fail(f"worker on {worker.queues} not ready in time; log:\n{log[-3000:]}")
+
+
+def test_a_worker_on_a_clearing_queue_loads_the_kernels_before_its_pool_starts(
+    workers, tmp_path, redis_url
+):
+    """Both workers above consume a clearing queue and say they loaded the compiled kernels
+    at start (worker_init, before the pool starts), before they say they are ready; a worker
+    on other queues does not load them."""
+    for worker in workers:
+        log = _log_when_ready(worker)
+        assert "clearing kernels loaded in" in log, worker.queues
+        assert log.index("clearing kernels loaded in") < log.index(" ready."), worker.queues
+    other = _worker(tmp_path, redis_url, "telemetry", "telemetry,default", {})
+    try:
+        assert "clearing kernels loaded" not in _log_when_ready(other)
+    finally:
+        other.stop()
