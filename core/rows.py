@@ -5,9 +5,11 @@ columns read into one array (``rows_read``)."""
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 
 import numpy as np
+import psycopg
 from django.db import connections, models, router
 from django.db.models import Model, QuerySet
 from django.utils import timezone
@@ -208,20 +210,95 @@ def rows_update(objs: Sequence[Model], fields: Sequence[str]) -> None:
 
 def rows_read(queryset: QuerySet) -> np.ndarray:
     """The rows of ``queryset``, a ``values_list`` of integer columns without NULLs, as one
-    int64 array (rows, columns), in the caller's transaction.
+    int64 array (rows, columns), in the caller's transaction and in the queryset's order.
 
     The queryset's own SQL is run once and its rows fetched at once, without the tuple
     Django makes of each row and the chunks of 100 it fetches them in. A million-bid round's
     read (``round_clearing.round_data``: a million bids, two million limits, the tenants)
     took 4.3-4.6 s through ``values_list`` and 2.3-2.8 s this way (with its limits read by a
     range of ids rather than a join).
+
+    On PostgreSQL, a queryset that is unordered or ordered by its first column alone (as a
+    round's bids by id) comes as one array per column instead of a row per tuple
+    (``_read_columns``): 1.4 -> 0.9 s for the bids and limits of a million-bid round.
     """
     compiler = queryset.query.get_compiler(using=queryset.db)
     sql, params = compiler.as_sql()
-    with connections[queryset.db].cursor() as cursor:
+    connection = connections[queryset.db]
+    if connection.vendor == "postgresql" and _by_first_column_or_none(queryset):
+        return _read_columns(
+            connection, sql, params, width=compiler.col_count, sort=queryset.ordered
+        )
+    with connection.cursor() as cursor:
         cursor.execute(sql, params)
         width = len(cursor.description)
         rows = cursor.fetchall()
     # One flat pass over the values: faster than np.array, which first works out the shape.
     flat = itertools.chain.from_iterable(rows)
     return np.fromiter(flat, dtype=np.int64, count=len(rows) * width).reshape(-1, width)
+
+
+def _by_first_column_or_none(queryset: QuerySet) -> bool:
+    """Whether ``queryset`` is unordered or ordered by its first column alone, ascending."""
+    query = queryset.query
+    if not queryset.ordered:
+        return True
+    if query.extra_order_by or not query.values_select or len(query.order_by) != 1:
+        return False
+    first, (by,) = query.values_select[0], query.order_by
+    pk = queryset.model._meta.pk.name
+    same = {first, pk} if first == "pk" else {first}
+    if first == pk:
+        same.add("pk")
+    return isinstance(by, str) and by in same
+
+
+# An element of an int8 array in PostgreSQL's binary form: its length, then its value.
+_ELEMENT = np.dtype([("length", ">i4"), ("value", ">i8")])
+
+
+def _read_columns(connection, sql: str, params, *, width: int, sort: bool) -> np.ndarray:
+    """Each column of the rows of ``sql`` aggregated into one int8 array by the database and
+    sent in its binary form (``array_send``), read by numpy without a Python object per value.
+    Rows come from ``sql`` in its order; the aggregate keeps the order of the rows it is given
+    but SQL does not promise it, so with ``sort`` the rows are put in the order of their
+    first column here where they are not (stable, so equal keys keep their order)."""
+    names = ", ".join(f"c{i}" for i in range(width))
+    columns = ", ".join(f"array_send(array_agg(q.c{i}::int8))" for i in range(width))
+    statement = f"SELECT {columns} FROM ({sql}) AS q({names})"
+    connection.ensure_connection()
+    start = time.monotonic()
+    # In the binary format, on the connection's own transaction: as text (Django's cursor),
+    # each array would travel as hex digits and be parsed back, no faster than rows.
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(statement, params, binary=True)
+        sent = cursor.fetchone()
+    if connection.queries_logged:  # as Django's cursor logs it (DEBUG, statement counts)
+        connection.queries_log.append(
+            {"sql": statement % tuple(params), "time": f"{time.monotonic() - start:.3f}"}
+        )
+    if sent[0] is None:  # no rows: the aggregate of nothing is NULL
+        return np.zeros((0, width), dtype=np.int64)
+    out = np.empty((_array_size(sent[0]), width), dtype=np.int64)
+    for i, column in enumerate(sent):
+        out[:, i] = _array_values(column, rows=out.shape[0], column=i)
+    if sort and out.shape[0] > 1 and not (out[1:, 0] >= out[:-1, 0]).all():
+        out = out[np.argsort(out[:, 0], kind="stable")]
+    return out
+
+
+def _array_size(sent: bytes) -> int:
+    # Header: dimensions, a NULL flag and the element type, then (size, lower bound) a dimension.
+    return int(np.frombuffer(sent, dtype=">i4", count=4)[3])
+
+
+def _array_values(sent: bytes, *, rows: int, column: int) -> np.ndarray:
+    dims, has_null, _type = np.frombuffer(sent, dtype=">i4", count=3).tolist()
+    if has_null:
+        raise ValueError(f"rows_read: column {column} holds a NULL")
+    if dims != 1 or _array_size(sent) != rows:
+        raise ValueError(f"rows_read: column {column} is not one array of {rows} values")
+    elements = np.frombuffer(sent, dtype=_ELEMENT, count=rows, offset=20)
+    if (elements["length"] != 8).any():
+        raise ValueError(f"rows_read: column {column} is not of 8-byte integers")
+    return elements["value"]

@@ -118,9 +118,9 @@ def round_data(rnd: Round, *, left_out: frozenset[int] = frozenset()) -> RoundDa
     weights = {}
     if bidding.size:
         found = rows_read(
-            Tenant.objects.filter(pk__gte=int(bidding[0]), pk__lte=int(bidding[-1])).values_list(
-                "pk", "weight"
-            )
+            Tenant.objects.filter(pk__gte=int(bidding[0]), pk__lte=int(bidding[-1]))
+            .order_by()  # not by name (the model's order): a sort of every tenant for nothing
+            .values_list("pk", "weight")
         )
         found = found[np.isin(found[:, 0], bidding)]
         weights = dict(zip(found[:, 0].tolist(), found[:, 1].tolist(), strict=True))

@@ -1,6 +1,7 @@
 """rows_update: each row gets its own values, in one statement per PG_ROWS rows. rows_insert:
 the rows bulk_create would write, their keys set, refused whole as a save refuses. rows_copy:
-the same rows from plain values, by COPY or by bulk_create, keys back in order."""
+the same rows from plain values, by COPY or by bulk_create, keys back in order. rows_read: the
+rows values_list gives, as one array, on PostgreSQL by an array per column where it can."""
 
 from __future__ import annotations
 
@@ -231,11 +232,11 @@ def test_rows_copy_writes_from_values_what_rows_insert_writes_from_objects(monke
     assert Entry.objects.count() == before
 
 
-def test_rows_read_gives_the_rows_values_list_gives_in_one_array():
+def _limits_placed(n: int = 4) -> None:
     market = market_make()
     tenant = factories.tenant(credits=10**9)
     user = factories.member(tenant=tenant)
-    for i in range(4):
+    for i in range(n):
         bid_place(
             user=user,
             tenant=tenant,
@@ -244,6 +245,10 @@ def test_rows_read_gives_the_rows_values_list_gives_in_one_array():
             quantity=1 + i,
             limits={"a100": 1000 + i, "h100": 2000 + 3 * i},
         )
+
+
+def test_rows_read_gives_the_rows_values_list_gives_in_one_array():
+    _limits_placed()
     qs = (
         BidLimit.objects.filter(price__gt=1001)
         .order_by("-price")
@@ -255,3 +260,36 @@ def test_rows_read_gives_the_rows_values_list_gives_in_one_array():
     assert got.dtype.name == "int64" and got.shape == (6, 3)
     assert got.tolist() == [list(row) for row in qs]
     assert rows_read(qs.filter(price__gt=10**6)).shape == (0, 3)
+
+
+def test_rows_read_by_first_column_or_unordered_comes_as_column_arrays_with_the_same_rows():
+    _limits_placed()
+    by_bid = BidLimit.objects.order_by("bid_id").values_list("bid_id", "tier_id", "price")
+    unordered = BidLimit.objects.values_list("bid_id", "tier_id", "price")
+    for qs, ordered in ((by_bid, True), (unordered, False)):
+        with CaptureQueriesContext(connection) as captured:
+            got = rows_read(qs)
+        assert len(captured.captured_queries) == 1
+        assert "array_agg" in captured.captured_queries[0]["sql"]
+        assert got.dtype.name == "int64" and got.shape == (8, 3)
+        want = [list(row) for row in qs]
+        if ordered:
+            assert got[:, 0].tolist() == [row[0] for row in want]
+        assert sorted(got.tolist()) == sorted(want)
+    bids = Bid.objects.order_by("pk").values_list("pk", "quantity")
+    assert rows_read(bids).tolist() == [list(row) for row in bids]
+    assert rows_read(unordered.filter(price__gt=10**6)).shape == (0, 3)
+
+
+def test_column_arrays_are_put_in_their_first_columns_order_where_asked_and_refuse_a_null():
+    _limits_placed()
+    # Rows given out of their first column's order: sorted by it, equal keys in given order.
+    sql = "SELECT tier_id, price FROM market_bidlimit ORDER BY tier_id DESC, price DESC"
+    got = core.rows._read_columns(connection, sql, [], width=2, sort=True)
+    given = BidLimit.objects.order_by("-tier_id", "-price").values_list("tier_id", "price")
+    assert got.tolist() == sorted(([t, p] for t, p in given), key=lambda row: row[0])
+    assert got.tolist() != [[t, p] for t, p in given]
+    unsorted = core.rows._read_columns(connection, sql, [], width=2, sort=False)
+    assert unsorted.tolist() == [[t, p] for t, p in given]
+    with pytest.raises(ValueError, match="column 1 holds a NULL"):
+        core.rows._read_columns(connection, "SELECT 1, NULL::bigint", [], width=2, sort=False)
