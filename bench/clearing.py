@@ -259,7 +259,10 @@ def _on_pool(pool: ProcessPoolExecutor, policy: str, params: dict | None):
     figures."""
 
     def map_parts(_clear: object, subs) -> list[dict]:
-        payloads = [msgpack.packb(arrays_to_json(s, mechanism=policy, params=params)) for s in subs]
+        payloads = [
+            msgpack.packb(arrays_to_json(s, mechanism=policy, params=params, packed=True))
+            for s in subs
+        ]
         return [msgpack.unpackb(r) for r in pool.map(_clear_wire, payloads)]
 
     return map_parts

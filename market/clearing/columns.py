@@ -28,6 +28,20 @@ from .errors import ClearingError
 from .inputs import MAX_AMOUNT, Arrays
 
 FORMAT = "gpumarket-arrays-1"
+# The numbers of a packed column (``arrays_to_json(packed=True)``), by field: little-endian
+# float64 amounts, int32 indices (positions in a part's lists), one byte (0 or 1) a flag.
+PACKED = {
+    "weight": "<f8",
+    "budget": "<f8",
+    "tenant": "<i4",
+    "quantity": "<f8",
+    "min_quantity": "<f8",
+    "mixed_tiers": "u1",
+    "bid": "<i4",
+    "tier": "<i4",
+    "price": "<f8",
+}
+INDEX_LIMIT = 2**31  # positions a packed index column can hold
 
 
 def arrays_to_json(
@@ -36,8 +50,21 @@ def arrays_to_json(
     mechanism: str,
     params: Mapping[str, Any] | None,
     quotas: Mapping[str, Mapping[str, float]] | str | None = None,
+    packed: bool = False,
 ) -> dict[str, Any]:
+    """The arrays as columns. ``packed``: each numeric column as the bytes of its numbers
+    (``PACKED``), for MessagePack, which carries bytes as they are, where a list is a number
+    at a time to write, read and check (a part of a million-bid round: 15 ms to write and 35
+    ms to read as lists); names stay lists. A tenant without a budget is NaN there."""
     a = arrays
+
+    def column(values: np.ndarray, field: str) -> Any:
+        if not packed:
+            return values.tolist()
+        if values.size and values.dtype.kind == "i" and values.max() >= INDEX_LIMIT:
+            raise ClearingError(f"arrays.{field}: more than {INDEX_LIMIT} rows to pack")
+        return np.ascontiguousarray(values, dtype=PACKED[field]).tobytes()
+
     return {
         "format": FORMAT,
         "mechanism": mechanism,
@@ -51,20 +78,22 @@ def arrays_to_json(
         },
         "tenants": {
             "name": list(a.tenant_names),
-            "weight": a.weight.tolist(),
-            "budget": [None if np.isnan(b) else b for b in a.budget.tolist()],
+            "weight": column(a.weight, "weight"),
+            "budget": column(a.budget, "budget")
+            if packed
+            else [None if np.isnan(b) else b for b in a.budget.tolist()],
         },
         "bids": {
             "id": list(a.bid_ids),
-            "tenant": a.bid_tenant.tolist(),
-            "quantity": a.quantity.tolist(),
-            "min_quantity": a.min_quantity.tolist(),
-            "mixed_tiers": a.mixed_tiers.tolist(),
+            "tenant": column(a.bid_tenant, "tenant"),
+            "quantity": column(a.quantity, "quantity"),
+            "min_quantity": column(a.min_quantity, "min_quantity"),
+            "mixed_tiers": column(a.mixed_tiers, "mixed_tiers"),
         },
         "arcs": {
-            "bid": a.arc_bid.tolist(),
-            "tier": a.arc_tier.tolist(),
-            "price": a.arc_price.tolist(),
+            "bid": column(a.arc_bid, "bid"),
+            "tier": column(a.arc_tier, "tier"),
+            "price": column(a.arc_price, "price"),
         },
     }
 
@@ -99,8 +128,14 @@ def arrays_from_json(data: Any) -> tuple[Arrays, str, dict[str, Any], Any]:
         raise ClearingError("arrays.tiers.max_share: must be in (0, 1]")
     weight = _amounts(tenants["weight"], "tenants.weight")
     budget_in = tenants["budget"]
-    budget = _amounts([0.0 if b is None else b for b in budget_in], "tenants.budget")
-    budget[[b is None for b in budget_in]] = np.nan
+    if isinstance(budget_in, bytes):  # packed: NaN for a tenant without a budget
+        budget = _unpacked(budget_in, "tenants.budget")
+        none = np.isnan(budget)
+        _amounts(np.where(none, 0.0, budget), "tenants.budget")
+    else:
+        budget = _amounts([0.0 if b is None else b for b in budget_in], "tenants.budget")
+        none = [b is None for b in budget_in]
+    budget[none] = np.nan
 
     bid_tenant = _indices(bids["tenant"], "bids.tenant", N)
     quantity = _amounts(bids["quantity"], "bids.quantity")
@@ -109,9 +144,16 @@ def arrays_from_json(data: Any) -> tuple[Arrays, str, dict[str, Any], Any]:
     min_quantity = _amounts(bids["min_quantity"], "bids.min_quantity")
     if np.any(min_quantity > quantity):
         raise ClearingError("arrays.bids.min_quantity: must not be more than quantity")
-    if not all(isinstance(m, bool) for m in bids["mixed_tiers"]):
+    mixed_in = bids["mixed_tiers"]
+    if isinstance(mixed_in, bytes):
+        flags = _unpacked(mixed_in, "bids.mixed_tiers")
+        if np.any(flags > 1):
+            raise ClearingError("arrays.bids.mixed_tiers: must be true or false")
+        mixed_tiers = flags.astype(bool)
+    elif all(isinstance(m, bool) for m in mixed_in):
+        mixed_tiers = np.array(mixed_in, dtype=bool)
+    else:
         raise ClearingError("arrays.bids.mixed_tiers: must be true or false")
-    mixed_tiers = np.array(bids["mixed_tiers"], dtype=bool)
 
     arc_bid = _indices(arcs["bid"], "arcs.bid", B)
     arc_tier = _indices(arcs["tier"], "arcs.tier", T)
@@ -141,19 +183,34 @@ def arrays_from_json(data: Any) -> tuple[Arrays, str, dict[str, Any], Any]:
     return arrays, mechanism, dict(params), quotas
 
 
-def _table(data: Mapping, name: str, fields: tuple[str, ...]) -> dict[str, list]:
+def _table(data: Mapping, name: str, fields: tuple[str, ...]) -> dict[str, list | bytes]:
     table = data.get(name)
     if not isinstance(table, Mapping):
         raise ClearingError(f"arrays.{name}: must be an object of lists")
-    columns = {}
+    columns, lengths = {}, set()
     for field in fields:
         column = table.get(field)
-        if not isinstance(column, list):
+        if isinstance(column, bytes) and field in PACKED:
+            size = np.dtype(PACKED[field]).itemsize
+            if len(column) % size:
+                raise ClearingError(f"arrays.{name}.{field}: not whole {size}-byte numbers")
+            lengths.add(len(column) // size)
+        elif isinstance(column, list):
+            lengths.add(len(column))
+        else:
             raise ClearingError(f"arrays.{name}.{field}: must be a list")
         columns[field] = column
-    if len({len(c) for c in columns.values()}) > 1:
+    if len(lengths) > 1:
         raise ClearingError(f"arrays.{name}: its lists must be of one length")
     return columns
+
+
+def _unpacked(column: bytes, where: str) -> np.ndarray:
+    """A packed column's numbers, in the machine's byte order (a copy: the solver's arrays
+    are its own). ``where`` is table.field."""
+    packed = np.dtype(PACKED[where.rpartition(".")[2]])
+    native = np.int64 if packed.kind == "i" else packed.newbyteorder("=")
+    return np.frombuffer(column, dtype=packed).astype(native)
 
 
 def _names(values: list, where: str, *, ordered: bool) -> tuple[str, ...]:
@@ -166,26 +223,36 @@ def _names(values: list, where: str, *, ordered: bool) -> tuple[str, ...]:
     return tuple(values)
 
 
-def _amounts(values: list, where: str) -> np.ndarray:
-    # bool is an int in Python; a number must be a number.
-    if not all(type(v) in (int, float) for v in values):
-        raise ClearingError(f"arrays.{where}: must be numbers")
-    try:
-        column = np.array(values, dtype=float)
-    except OverflowError:
-        raise ClearingError(f"arrays.{where}: a number too large") from None
+def _amounts(values: list | bytes | np.ndarray, where: str) -> np.ndarray:
+    if isinstance(values, bytes):
+        column = _unpacked(values, where)
+    elif isinstance(values, np.ndarray):
+        column = values
+    else:
+        # bool is an int in Python; a number must be a number.
+        if not all(type(v) in (int, float) for v in values):
+            raise ClearingError(f"arrays.{where}: must be numbers")
+        try:
+            column = np.array(values, dtype=float)
+        except OverflowError:
+            raise ClearingError(f"arrays.{where}: a number too large") from None
     if not np.all(np.isfinite(column) & (column >= 0) & (column <= MAX_AMOUNT)):
         raise ClearingError(f"arrays.{where}: must be finite numbers >= 0, at most {MAX_AMOUNT:g}")
     return column
 
 
-def _indices(values: list, where: str, size: int) -> np.ndarray:
-    if not all(type(v) is int for v in values):
+def _indices(values: list | bytes, where: str, size: int) -> np.ndarray:
+    if isinstance(values, bytes):
+        column = _unpacked(values, where)
+    elif not all(type(v) is int for v in values):
         raise ClearingError(f"arrays.{where}: must be whole-number indices")
-    try:
-        column = np.array(values, dtype=np.int64) if values else np.zeros(0, dtype=np.int64)
-    except OverflowError:
-        raise ClearingError(f"arrays.{where}: an index out of range (0 to {size - 1})") from None
+    else:
+        try:
+            column = np.array(values, dtype=np.int64) if values else np.zeros(0, dtype=np.int64)
+        except OverflowError:
+            raise ClearingError(
+                f"arrays.{where}: an index out of range (0 to {size - 1})"
+            ) from None
     if column.size and (column.min() < 0 or column.max() >= size):
         raise ClearingError(f"arrays.{where}: an index out of range (0 to {size - 1})")
     return column

@@ -71,7 +71,8 @@ def clear_in_parts(
 
         job = group(
             clear_part_task.s(
-                arrays_to_json(sub, mechanism=mechanism, params=params, quotas=quotas), index
+                arrays_to_json(sub, mechanism=mechanism, params=params, quotas=quotas, packed=True),
+                index,
             )
             for index, sub in enumerate(subs)
         ).apply_async()

@@ -301,16 +301,22 @@ def _through(serializer: str, payload):
     return loads(body, content_type, encoding, accept={content_type})
 
 
-@pytest.mark.parametrize("serializer", ["json", "msgpack"])
-def test_a_part_goes_to_a_worker_and_back_unchanged(serializer):
-    # The part and its result travel as MessagePack on the platform (config/settings.py).
+@pytest.mark.parametrize(
+    ("serializer", "packed"), [("json", False), ("msgpack", False), ("msgpack", True)]
+)
+def test_a_part_goes_to_a_worker_and_back_unchanged(serializer, packed):
+    # The part and its result travel as MessagePack on the platform (config/settings.py),
+    # its numbers packed.
     inst = _instance(tenants=6, bids=30)
     sub = split(instance_arrays(inst), 2)[1].arrays
     quotas = {"n001": {"t0": 2}}
     wire = _through(
         serializer,
-        arrays_to_json(sub, mechanism="maxmin", params={"time_limit": 5}, quotas=quotas),
+        arrays_to_json(
+            sub, mechanism="maxmin", params={"time_limit": 5}, quotas=quotas, packed=packed
+        ),
     )
+    assert isinstance(wire["arcs"]["price"], bytes) == packed
     back, mechanism, params, got_quotas = arrays_from_json(wire)
     assert (_columns(back), mechanism, params, got_quotas) == (
         _columns(sub),
@@ -330,13 +336,13 @@ def _timeless(part_result: dict) -> dict:
     }
 
 
-def _wire() -> dict:
+def _wire(packed: bool = False) -> dict:
     inst = Instance(
         tiers=(Tier("a", 4, reserve_price=2), Tier("b", 2)),
         tenants=(Tenant("x", budget=10.0), Tenant("y")),
         bids=(Bid("b1", "x", 2, {"a": 3, "b": 1}), Bid("b2", "y", 1, {"a": 5})),
     )
-    return arrays_to_json(instance_arrays(inst), mechanism="welfare", params=None)
+    return arrays_to_json(instance_arrays(inst), mechanism="welfare", params=None, packed=packed)
 
 
 def _set(path: str, value):
@@ -382,6 +388,36 @@ def _set(path: str, value):
 def test_a_part_that_is_not_as_written_is_refused_naming_the_field(edit, message):
     data = _wire()
     arrays_from_json(data)  # as written, it is taken
+    edit(data)
+    with pytest.raises(ClearingError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        arrays_from_json(data)
+
+
+def _pack(path: str, values: list, dtype: str):
+    return _set(path, np.array(values, dtype=dtype).tobytes())
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (_set("bids.quantity", b"\x00" * 12), "bids.quantity: not whole 8-byte numbers"),
+        (_pack("bids.quantity", [2, float("nan")], "<f8"), "bids.quantity: must be finite"),
+        (_pack("bids.quantity", [2, 0.5], "<f8"), "bids.quantity: must be >= 1"),
+        (_pack("bids.tenant", [0, 2], "<i4"), "bids.tenant: an index out of range"),
+        (_pack("bids.tenant", [0, -1], "<i4"), "bids.tenant: an index out of range"),
+        (_pack("bids.mixed_tiers", [0, 2], "u1"), "mixed_tiers: must be true or false"),
+        (_pack("arcs.bid", [0, 1], "<i4"), "arrays.arcs: its lists must be of one length"),
+        (_pack("arcs.tier", [0, 0, 0], "<i4"), "arcs: must be in (bid, tier) order"),
+        (_pack("tenants.budget", [-1, float("nan")], "<f8"), "tenants.budget"),
+        (_pack("tenants.budget", [float("inf"), 1], "<f8"), "tenants.budget"),
+        (_set("arcs.price", "abc"), "arcs.price: must be a list"),
+    ],
+)
+def test_a_packed_part_that_is_not_as_written_is_refused_naming_the_field(edit, message):
+    data = _wire(packed=True)
+    arrays, *_ = arrays_from_json(data)  # as written, it is taken
+    assert np.isnan(arrays.budget).tolist() == [False, True]
+    assert arrays.arc_bid.dtype == np.int64 and arrays.arc_bid.flags.writeable
     edit(data)
     with pytest.raises(ClearingError, match=message.replace("(", r"\(").replace(")", r"\)")):
         arrays_from_json(data)
