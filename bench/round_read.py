@@ -182,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.workers} processes, "
                 f"slowest part {max(d['part_seconds']):.2f} s, parts' sum "
                 f"{sum(d['part_seconds']):.1f} s), {int(outcome.gpus.sum())} GPUs awarded, "
-                f"{d['guarantees_unmet']} guarantees unmet, status {d['status']}",
+                f"{d['guarantees_unmet']} guarantees unmet, status {d['status']}\n"
+                f"    here: read {read:.2f} s, arrays {d['arrays_seconds']:.2f} s, split "
+                f"{d['split_seconds']:.2f} s, parts sent and back {d['parts_elapsed_seconds']:.2f}"
+                f" s, combined {d['combine_seconds']:.2f} s",
                 flush=True,
             )
     finally:

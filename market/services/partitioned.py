@@ -26,6 +26,10 @@ logger = logging.getLogger(__name__)
 
 
 FAIR_MECHANISMS = frozenset({"fisher", "maxmin"})  # partitioned from the lower threshold
+# The results come over Redis's publish/subscribe; before it listens, the group's result
+# reads the parts' results once and, where they are not all in, sleeps this long (Celery's
+# default: 0.5 s, which a small partitioned round waited out after its parts were back).
+RESULTS_POLL_SECONDS = 0.02
 
 
 def partition_parts(n_bids: int, *, mechanism: str = "welfare") -> int:
@@ -78,7 +82,9 @@ def clear_in_parts(
         ).apply_async()
         timeout = settings.GPUMARKET_PARTITION_TIMEOUT_SECONDS
         try:
-            payloads = job.get(timeout=timeout, disable_sync_subtasks=False)
+            payloads = job.get(
+                timeout=timeout, disable_sync_subtasks=False, interval=RESULTS_POLL_SECONDS
+            )
         except CeleryTimeout:
             job.revoke()
             raise clearing.ClearingError(

@@ -187,7 +187,9 @@ def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
         )
     params = dict(policy.params or {})
     quotas = _quotas(params.pop(QUOTAS_PARAM, None), data=data)
+    start = time.perf_counter()
     arrays = _arrays(data=data, policy=policy, reserves=reserves)
+    arrays_seconds = time.perf_counter() - start
     parts = partition_parts(int(data.bid_ids.size), mechanism=policy.mechanism)
     if parts > 1:
         result = clear_in_parts(
@@ -197,9 +199,11 @@ def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
         result = clearing.clear_arrays(
             arrays, mechanism=policy.mechanism, params=params or None, quotas=quotas
         )
-    return _outcome(
+    outcome = _outcome(
         result=result, data=data, arrays=arrays, reserves=reserves, mechanism=policy.mechanism
     )
+    outcome.diagnostics["arrays_seconds"] = arrays_seconds  # the rows made the solver's arrays
+    return outcome
 
 
 def _quotas(setting: object, *, data: RoundData) -> dict | str:

@@ -128,6 +128,7 @@ def test_a_round_cleared_in_parts_on_workers_settles_within_every_constraint(wor
     rnd = _processed(market.round.pk, workers, redis_url)
     assert rnd.status == Round.Status.SETTLED, rnd.failure_reason
     assert rnd.diagnostics["partitioned"] is True and rnd.diagnostics["parts"] == 2
+    assert rnd.diagnostics["arrays_seconds"] > 0  # the rows made into the solver's arrays
     assert sum(rnd.diagnostics["part_bids"]) == Bid.objects.filter(round=rnd).count()
     per_tier, per_tenant_tier = defaultdict(int), defaultdict(int)
     for allocation in Allocation.objects.filter(round=rnd).select_related("bid", "tier"):

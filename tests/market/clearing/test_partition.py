@@ -286,11 +286,16 @@ def test_the_welfare_lost_by_partitioning_a_mid_size_round_is_small():
     # taken away: it can only lose, and on a round this size it loses little.
     inst = _instance(tenants=60, bids=3000, gang_share=0.0, weighted=False)
     exact = clear(inst, mechanism="welfare").diagnostics["welfare"]
-    split = clear_partitioned(
+    diagnostics = clear_partitioned(
         instance_arrays(inst), parts=4, clear_part=_clear("welfare")
-    ).diagnostics["welfare"]
+    ).diagnostics
+    split = diagnostics["welfare"]
     assert split <= exact + 1e-6
     assert split >= 0.97 * exact
+    # Where the time went: the split, the parts and the combination, within the whole.
+    steps = [diagnostics[k] for k in ("split_seconds", "parts_elapsed_seconds", "combine_seconds")]
+    assert min(steps) > 0 and sum(steps) <= diagnostics["total_seconds"]
+    assert diagnostics["parts_elapsed_seconds"] >= sum(diagnostics["part_seconds"])
 
 
 def _through(serializer: str, payload):
