@@ -246,11 +246,8 @@ def _by_first_column_or_none(queryset: QuerySet) -> bool:
     if query.extra_order_by or not query.values_select or len(query.order_by) != 1:
         return False
     first, (by,) = query.values_select[0], query.order_by
-    pk = queryset.model._meta.pk.name
-    same = {first, pk} if first == "pk" else {first}
-    if first == pk:
-        same.add("pk")
-    return isinstance(by, str) and by in same
+    pk_names = {"pk", queryset.model._meta.pk.name}
+    return isinstance(by, str) and (by == first or {by, first} <= pk_names)
 
 
 # An element of an int8 array in PostgreSQL's binary form: its length, then its value.

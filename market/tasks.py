@@ -62,8 +62,12 @@ def round_clear_task(round_id: int) -> str:
         return f"refused: {exc}"
 
 
-# The queues whose tasks clear rounds or their parts (config/settings.py: CELERY_TASK_ROUTES).
-CLEARING_QUEUES = frozenset({"clearing", "clearing_parts"})
+# The queues the market's tasks go to, where rounds and their parts are cleared.
+CLEARING_QUEUES = frozenset(
+    route["queue"]
+    for pattern, route in settings.CELERY_TASK_ROUTES.items()
+    if pattern.startswith("market.")
+)
 
 
 @worker_init.connect
