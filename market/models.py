@@ -160,6 +160,98 @@ class Round(models.Model):
         return (self.ends_at - self.starts_at).total_seconds() / 3600
 
 
+class Order(models.Model):
+    """A standing order: a team's request for GPU-hours that the round opener turns into a
+    bid every round (market/orders.py) until it is done, cancelled, out of its ceiling or past
+    its deadline. The work it drives keeps running while it wins, and is suspended (not
+    killed) when it loses; it resumes when it wins again."""
+
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        PAUSED = "paused", "Paused"
+        DONE = "done", "Done"
+        CANCELLED = "cancelled", "Cancelled"
+        EXHAUSTED = "exhausted", "Out of its ceiling"
+        EXPIRED = "expired", "Past its deadline"
+
+    LIVE = (Status.ACTIVE, Status.PAUSED)
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="orders")
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="orders"
+    )
+    campaign = models.ForeignKey(
+        "tenants.Campaign", null=True, blank=True, on_delete=models.PROTECT, related_name="orders"
+    )
+    name = models.CharField(max_length=120)
+    gpus = models.PositiveIntegerField()
+    # All or nothing below it: gpus for a rigid gang, 1 when any number of GPUs helps.
+    min_gpus = models.PositiveIntegerField()
+    # GPU-hours wanted, in GPU-seconds; NULL: until cancelled.
+    gpu_seconds_wanted = models.BigIntegerField(null=True, blank=True)
+    # The most it may spend in all, milli-credits.
+    ceiling = models.BigIntegerField()
+    deadline = models.DateTimeField(null=True, blank=True)
+    # Work lost each time it is stopped or moved (from its last checkpoint).
+    restart_seconds = models.PositiveIntegerField(default=300)
+    # What `gpumarket run --order` starts on the order's GPUs, or the Slurm job it drives.
+    command = models.CharField(max_length=1000, blank=True)
+    slurm_job = models.CharField(max_length=64, blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE)
+    # Why it stopped (done, exhausted, expired, cancelled) or was paused.
+    status_reason = models.CharField(max_length=300, blank=True)
+    # Why it made no bid in the latest round although active ("" when it bid).
+    hold_reason = models.CharField(max_length=300, blank=True)
+    # Progress, kept by settlement: GPU-seconds won, milli-credits charged, rounds.
+    gpu_seconds = models.BigIntegerField(default=0)
+    spent = models.BigIntegerField(default=0)
+    rounds_won = models.PositiveIntegerField(default=0)
+    rounds_lost = models.PositiveIntegerField(default=0)
+    preemptions = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(gpus__gte=1), name="order_gpus_positive"),
+            models.CheckConstraint(
+                condition=Q(min_gpus__gte=1) & Q(min_gpus__lte=F("gpus")),
+                name="order_min_gpus_in_range",
+            ),
+            models.CheckConstraint(condition=Q(ceiling__gt=0), name="order_ceiling_positive"),
+            models.CheckConstraint(
+                condition=Q(spent__lte=F("ceiling")), name="order_spent_within_ceiling"
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "tenant"])]
+
+    def __str__(self) -> str:
+        return f"order {self.pk} {self.name!r} ({self.status})"
+
+    @property
+    def live(self) -> bool:
+        return self.status in self.LIVE
+
+
+class OrderLimit(models.Model):
+    """The most an order pays on one tier, milli-credits per GPU-hour. No row = not acceptable."""
+
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="limits")
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="+")
+    price = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["order", "tier"], name="orderlimit_unique_tier"),
+            models.CheckConstraint(condition=Q(price__gt=0), name="orderlimit_price_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tier.slug} <= {self.price}"
+
+
 class Bid(models.Model):
     class Status(models.TextChoices):
         OPEN = "open", "Open"
@@ -175,6 +267,10 @@ class Bid(models.Model):
     round = models.ForeignKey(Round, on_delete=models.PROTECT, related_name="bids")
     campaign = models.ForeignKey(
         "tenants.Campaign", null=True, blank=True, on_delete=models.PROTECT, related_name="bids"
+    )
+    # The standing order that made this bid at the round's open; NULL for a hand-placed bid.
+    order = models.ForeignKey(
+        Order, null=True, blank=True, on_delete=models.PROTECT, related_name="bids"
     )
     quantity = models.PositiveIntegerField()
     # Gang minimum: all or nothing below it. 0 = any quantity up to ``quantity`` is useful.
@@ -206,6 +302,13 @@ class Bid(models.Model):
                 condition=~Q(idempotency_key=""),
                 name="bid_unique_idempotency_key",
             ),
+            # One open bid per order and round: the opener may run twice, the second adds
+            # nothing; an order edited or resumed bids again once its bid is cancelled.
+            models.UniqueConstraint(
+                fields=["order", "round"],
+                condition=Q(order__isnull=False, status="open"),
+                name="bid_one_open_per_order_round",
+            ),
         ]
         indexes = [models.Index(fields=["round", "status"])]
 
@@ -219,6 +322,10 @@ class BidLimit(models.Model):
     bid = models.ForeignKey(Bid, on_delete=models.CASCADE, related_name="limits")
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="+")
     price = models.BigIntegerField()
+    # The most the bid pays on this tier where that is below ``price``: an order's stated
+    # value, where ``price`` (what the clearing sees) adds its restart value as the incumbent
+    # of this tier (market/orders.py). NULL: it pays at most ``price``.
+    charge_limit = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -205,6 +205,9 @@ class EnforcementAction(models.Model):
         PAUSE = "pause", "Pause"
         RESUME = "resume", "Resume"
         TERMINATE = "terminate", "Terminate (preempt)"
+        # A standing order's work whose order lost the round: checkpoint signal, grace, then
+        # stopped (or requeued and held on Slurm) with its GPUs released; resumed on a win.
+        SUSPEND = "suspend", "Suspend (order lost the round)"
 
     class State(models.TextChoices):
         ISSUED = "issued", "Issued"

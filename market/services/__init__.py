@@ -11,6 +11,14 @@ from market.services.allocations import (
     allocations_resume,
 )
 from market.services.bids import bid_cancel, bid_edit, bid_escrow, bid_place, tenant_bids_cancel
+from market.services.orders import (
+    order_cancel,
+    order_create,
+    order_edit,
+    order_pause,
+    order_resume,
+    orders_bid,
+)
 from market.services.policy import (
     policy_activate,
     policy_active,
@@ -35,6 +43,12 @@ __all__ = [
     "bid_escrow",
     "bid_place",
     "next_window",
+    "order_cancel",
+    "order_create",
+    "order_edit",
+    "order_pause",
+    "order_resume",
+    "orders_bid",
     "policy_activate",
     "policy_active",
     "policy_shadow",

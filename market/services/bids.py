@@ -276,6 +276,11 @@ def _bid_locked(*, tenant: Tenant, bid_id: object, now: datetime) -> tuple[Round
         round_id=bid.round_id, now=now, then=f"bid {bid.pk} can no longer be changed"
     )
     bid = Bid.objects.select_for_update().get(pk=bid.pk)
+    if bid.order_id is not None:
+        raise MarketError(
+            f"bid {bid.pk} was placed by standing order {bid.order_id}; edit, pause or cancel "
+            "the order instead"
+        )
     if bid.status != Bid.Status.OPEN:
         raise MarketError(f"bid {bid.pk} is {bid.status}; only an open bid can be changed")
     return rnd, bid

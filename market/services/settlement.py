@@ -18,6 +18,7 @@ from market.models import Allocation, Bid, BidLimit, Round, Tier
 from market.outcomes import RoundFacts, bid_reason
 from market.services._common import bids_locked, cost_floor, now_or, round_locked
 from market.services.bids import window_seconds
+from market.services.orders import orders_settle
 from market.services.placement import as_json, round_placement
 from tenants.ledger import TransferOrder, transfer_execute_many
 from tenants.models import Notification, Transfer
@@ -45,12 +46,15 @@ def round_settle(*, round_id: int, now: datetime | None = None, wait: bool = Tru
         return rnd
     bids = bids_locked(rnd, status=Bid.Status.OPEN)
     seconds = window_seconds(rnd)
-    limits: dict[tuple[int, str], int] = {
-        (bid_id, slug): price
-        for bid_id, slug, price in BidLimit.objects.filter(bid__round=rnd).values_list(
-            "bid_id", "tier__slug", "price"
-        )
-    }
+    limits: dict[tuple[int, str], int] = {}
+    # What a bid pays at most where that is below what the clearing saw (an order's stated
+    # value under its incumbency's restart value: market/orders.py).
+    pays: dict[tuple[int, str], int] = {}
+    for bid_id, slug, price, charge_limit in BidLimit.objects.filter(bid__round=rnd).values_list(
+        "bid_id", "tier__slug", "price", "charge_limit"
+    ):
+        limits[bid_id, slug] = price
+        pays[bid_id, slug] = price if charge_limit is None else min(price, charge_limit)
     tiers = Tier.objects.in_bulk(list(rnd.prices), field_name="slug")
     awards: dict[int, list[tuple[str, int]]] = defaultdict(list)
     for bid_id, slug, gpus in rnd.awards:
@@ -72,7 +76,7 @@ def round_settle(*, round_id: int, now: datetime | None = None, wait: bool = Tru
                 raise MarketError(
                     f"round {rnd.pk}: the solver gave bid {bid.pk} tier {slug}, which it did not bid on"
                 )
-            price = min(int(rnd.prices[slug]), limit)
+            price = min(int(rnd.prices[slug]), pays[bid.pk, slug])
             charge = cost_floor(gpus=gpus, price=price, seconds=seconds)
             charge_total += charge
             per_tier[slug]["gpus"] += gpus
@@ -139,6 +143,8 @@ def round_settle(*, round_id: int, now: datetime | None = None, wait: bool = Tru
     _place(rnd, allocations, bids)
     rows_insert(allocations)
     rows_update(bids, ["status", "escrow", "updated_at", "outcome", "outcome_reason"])
+    preemptions = orders_settle(rnd=rnd, bids=bids, allocations=allocations, now=now)
+    rnd.diagnostics = {**(rnd.diagnostics or {}), "preemptions": preemptions}
     _tenant_notices(rnd, bids)
     placed = [a.pk for a in allocations if a.placement]
     if placed and settings.GPUMARKET_SLURM_RESERVATIONS:
@@ -146,7 +152,7 @@ def round_settle(*, round_id: int, now: datetime | None = None, wait: bool = Tru
     rnd.revenue = revenue
     rnd.status = Round.Status.SETTLED
     rnd.settled_at = now
-    rnd.save(update_fields=["revenue", "status", "settled_at"])
+    rnd.save(update_fields=["revenue", "status", "settled_at", "diagnostics"])
     audit.record(
         actor=SYSTEM,
         action="round.settle",
@@ -158,6 +164,7 @@ def round_settle(*, round_id: int, now: datetime | None = None, wait: bool = Tru
             "bids": len(bids),
             "winners": winners,
             "allocations": len(allocations),
+            "preemptions": preemptions,
             "prices": rnd.prices,
             "tiers": dict(per_tier),
         },

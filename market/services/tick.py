@@ -13,6 +13,7 @@ from market.errors import MarketError, RoundBusy
 from market.models import Round
 from market.services._common import now_or
 from market.services.guardrails import guardrails_enforce
+from market.services.orders import orders_bid
 from market.services.round_clearing import round_clear
 from market.services.rounds import round_finish, round_open_next
 from market.services.settlement import round_settle
@@ -59,6 +60,7 @@ class TickReport:
     errors: dict[int, str] = field(default_factory=dict)  # round id -> error (retried next tick)
     busy: list[int] = field(default_factory=list)  # held by another worker (left to it)
     open_round: int | None = None
+    order_bids: int = 0  # bids the standing orders placed in the open round this pass
     finished: list[int] = field(default_factory=list)
 
 
@@ -91,6 +93,9 @@ def rounds_tick(*, now: datetime | None = None) -> TickReport:
         report.open_round = round_open_next(now=now, wait=False).pk
     except RoundBusy:
         pass  # another worker is closing or opening the round; the next tick looks again
+    else:
+        # Every live standing order bids in the open round (once: a second pass adds nothing).
+        report.order_bids = len(orders_bid(round_id=report.open_round, now=now).bids)
     # Finish a window only after the preemption grace: until then the enforcement loop is
     # stopping the work still running on it, and labels those allocations preempted.
     finish_before = now - timedelta(seconds=settings.GPUMARKET_PREEMPT_GRACE_SECONDS)

@@ -1,0 +1,879 @@
+"""Standing orders: create, edit, pause, resume, cancel; the round opener's bulk bids
+(``orders_bid``) and settlement's progress (``orders_settle``). The arithmetic of an order's
+bid and of incumbency is market/orders.py, shared with the simulator.
+
+Money on an order's bid moves exactly as on a hand-placed bid (available -> escrow when the
+round opens, charged or released at settlement) and the same budgets admit it; the ceiling
+adds one more bound: what it has spent plus what its bids hold never passes it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Sum
+
+import audit.services as audit
+from core.rows import rows_update
+from market.errors import MarketError
+from market.models import Allocation, Bid, BidLimit, Order, OrderLimit, Round, Tier
+from market.orders import NoBid, OrderState, order_bid, preempted
+from market.placement.inventory import tier_gpus
+from market.services._common import MAX_GPUS, MAX_PRICE, cost_ceil, now_or, whole
+from market.services.bids import _cancel_locked, _check_member, _round_shared, window_seconds
+from market.services.policy import policy_active
+from tenants.access import access_object
+from tenants.budgets import budget_usage, tenant_hard_capped
+from tenants.ledger import TransferOrder, credits, transfer_execute_many
+from tenants.models import Account, Budget, Campaign, Notification, Tenant, Transfer
+
+SYSTEM = "orders"
+MAX_RESTART_SECONDS = 24 * 3600
+MAX_CEILING = 10**15  # the ledger's largest amount
+_SLURM_JOB = re.compile(r"^\d+(?:[_+]\d+)?$")
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class _Terms:
+    name: str
+    values: dict[str, int]
+    tiers: dict[str, Tier]
+    gpus: int
+    min_gpus: int
+    gpu_seconds_wanted: int | None
+    ceiling: int
+    deadline: datetime | None
+    restart_seconds: int
+
+
+def _largest_gang(slug: str, tier: Tier) -> tuple[int, str]:
+    """The most GPUs one node of the tier has (a gang runs on one node), and where."""
+    per_node: dict[str, int] = defaultdict(int)
+    for gpu in tier_gpus(slug):
+        per_node[gpu.node] += 1
+    if not per_node:
+        return tier.offered, f"tier {slug} offers {tier.offered}"
+    node, most = max(sorted(per_node.items()), key=lambda kv: kv[1])
+    return most, f"{node} ({slug}) has {most}"
+
+
+def _terms(
+    *,
+    name: Any,
+    values: Any,
+    gpus: Any,
+    min_gpus: Any,
+    gpu_seconds_wanted: Any,
+    ceiling: Any,
+    deadline: Any,
+    restart_seconds: Any,
+    now: datetime,
+) -> _Terms:
+    """Every field checked, each refusal naming the field and what to change."""
+    name = str(name or "").strip()
+    if not name:
+        raise MarketError("name: give the order a name, e.g. the run it drives")
+    if len(name) > 120:
+        raise MarketError("name: at most 120 characters")
+    gpus = whole(gpus, field="gpus", minimum=1, maximum=MAX_GPUS)
+    min_gpus = whole(
+        gpus if min_gpus is None else min_gpus, field="min_gpus", minimum=1, maximum=gpus
+    )
+    if not isinstance(values, dict) or not values:
+        raise MarketError("values: give the most you pay per GPU-hour on at least one tier")
+    tiers = Tier.objects.in_bulk([str(s) for s in values], field_name="slug")
+    unknown = sorted(str(slug) for slug in values if slug not in tiers)
+    if unknown:
+        offered = Tier.objects.filter(active=True).values_list("slug", flat=True)
+        raise MarketError(
+            f"values: unknown tier {', '.join(unknown)}; tiers on offer: {', '.join(offered) or 'none'}"
+        )
+    inactive = sorted(slug for slug, tier in tiers.items() if not tier.active)
+    if inactive:
+        raise MarketError(f"values: tier {', '.join(inactive)} is not on offer now")
+    clean = {
+        slug: whole(
+            price,
+            field=f"values: the value for {slug} (milli-credits per GPU-hour)",
+            minimum=1,
+            maximum=MAX_PRICE,
+        )
+        for slug, price in sorted(values.items())
+    }
+    if min_gpus > 1:
+        sizes = {slug: _largest_gang(slug, tiers[slug]) for slug in clean}
+        if all(min_gpus > most for most, _ in sizes.values()):
+            where = "; ".join(text for _, text in sizes.values())
+            raise MarketError(
+                f"min_gpus: a gang of {min_gpus} GPUs runs on one node and no node is that "
+                f"large ({where}); lower min_gpus or split the work"
+            )
+    if gpu_seconds_wanted is not None:
+        gpu_seconds_wanted = whole(
+            gpu_seconds_wanted, field="gpu_hours (in GPU-seconds)", minimum=1, maximum=10**12
+        )
+    ceiling = whole(ceiling, field="ceiling (milli-credits)", minimum=1, maximum=MAX_CEILING)
+    policy = policy_active()
+    seconds = policy.round_minutes * 60
+    cheapest = min(
+        cost_ceil(gpus=min_gpus, price=policy.reserve_for(s), seconds=seconds) for s in clean
+    )
+    if ceiling < cheapest:
+        raise MarketError(
+            f"ceiling: {credits(ceiling)} credits is below one window's reserve for "
+            f"{min_gpus} GPU(s) ({credits(cheapest)} credits); raise the ceiling"
+        )
+    one_window = cost_ceil(gpus=min_gpus, price=max(clean.values()), seconds=seconds)
+    if ceiling < one_window:
+        raise MarketError(
+            f"ceiling: {credits(ceiling)} credits does not cover one window of {min_gpus} "
+            f"GPU(s) at your highest value ({credits(one_window)} credits); raise the ceiling "
+            "or lower the values"
+        )
+    below = [s for s, v in clean.items() if v < policy.reserve_for(s)]
+    if len(below) == len(clean):
+        reserves = ", ".join(f"{s} {credits(policy.reserve_for(s))}" for s in below)
+        raise MarketError(
+            f"values: every value is below its tier's reserve price ({reserves} credits per "
+            "GPU-hour); the order could never win"
+        )
+    if deadline is not None:
+        if not isinstance(deadline, datetime) or deadline.tzinfo is None:
+            raise MarketError("deadline: a date and time with its time zone")
+        if deadline <= now:
+            raise MarketError(f"deadline: {deadline:%Y-%m-%d %H:%M} UTC is in the past")
+    restart_seconds = whole(
+        restart_seconds, field="restart_seconds", minimum=0, maximum=MAX_RESTART_SECONDS
+    )
+    return _Terms(
+        name=name,
+        values=clean,
+        tiers=tiers,
+        gpus=gpus,
+        min_gpus=min_gpus,
+        gpu_seconds_wanted=gpu_seconds_wanted,
+        ceiling=ceiling,
+        deadline=deadline,
+        restart_seconds=restart_seconds,
+    )
+
+
+def _snapshot(order: Order, values: dict[str, int]) -> dict[str, Any]:
+    return {
+        "name": order.name,
+        "values": values,
+        "gpus": order.gpus,
+        "min_gpus": order.min_gpus,
+        "gpu_seconds_wanted": order.gpu_seconds_wanted,
+        "ceiling": order.ceiling,
+        "deadline": order.deadline.isoformat() if order.deadline else None,
+        "restart_seconds": order.restart_seconds,
+        "campaign": order.campaign_id,
+        "status": order.status,
+    }
+
+
+def order_values(order: Order) -> dict[str, int]:
+    return dict(order.limits.order_by("tier__slug").values_list("tier__slug", "price"))
+
+
+def _open_round() -> Round | None:
+    return Round.objects.filter(status=Round.Status.OPEN).first()
+
+
+@transaction.atomic
+def order_create(
+    *,
+    user: AbstractBaseUser,
+    tenant: Tenant,
+    name: str,
+    values: dict[str, int],
+    gpus: int,
+    min_gpus: int | None = None,
+    gpu_seconds_wanted: int | None = None,
+    ceiling: int,
+    deadline: datetime | None = None,
+    restart_seconds: int = 300,
+    campaign: Campaign | None = None,
+    command: str = "",
+    slurm_job: str = "",
+    now: datetime | None = None,
+) -> Order:
+    """A standing order for ``tenant``: from the round open now on, every round gets its bid
+    (``values``: {tier slug: the most it pays, milli-credits per GPU-hour}) until it has
+    ``gpu_seconds_wanted`` (None: until cancelled), its ``ceiling`` (milli-credits) is spent,
+    or its ``deadline`` passes. ``min_gpus`` (default ``gpus``): all or nothing below it.
+    Refusals name the field; nothing is written."""
+    now = now_or(now)
+    _check_member(user=user, tenant=tenant)
+    terms = _terms(
+        name=name,
+        values=values,
+        gpus=gpus,
+        min_gpus=min_gpus,
+        gpu_seconds_wanted=gpu_seconds_wanted,
+        ceiling=ceiling,
+        deadline=deadline,
+        restart_seconds=restart_seconds,
+        now=now,
+    )
+    if campaign is not None and campaign.tenant_id != tenant.pk:
+        raise MarketError(f"campaign: {campaign.name!r} does not belong to {tenant.slug}")
+    command, slurm_job = str(command or "").strip(), str(slurm_job or "").strip()
+    if len(command) > 1000:
+        raise MarketError("command: at most 1000 characters")
+    if slurm_job and not _SLURM_JOB.match(slurm_job):
+        raise MarketError(f"slurm_job: {slurm_job!r} is not a Slurm job id (e.g. 4242)")
+    order = Order.objects.create(
+        tenant=tenant,
+        author=user,
+        campaign=campaign,
+        name=terms.name,
+        gpus=terms.gpus,
+        min_gpus=terms.min_gpus,
+        gpu_seconds_wanted=terms.gpu_seconds_wanted,
+        ceiling=terms.ceiling,
+        deadline=terms.deadline,
+        restart_seconds=terms.restart_seconds,
+        command=command,
+        slurm_job=slurm_job,
+    )
+    OrderLimit.objects.bulk_create(
+        [OrderLimit(order=order, tier=terms.tiers[s], price=p) for s, p in terms.values.items()]
+    )
+    audit.record(
+        actor=user,
+        action="order.create",
+        target=order,
+        tenant=tenant,
+        after=_snapshot(order, terms.values),
+    )
+    rnd = _open_round()
+    if rnd is not None:
+        orders_bid(round_id=rnd.pk, order_ids=[order.pk], now=now)
+    return order
+
+
+def _order_locked(*, tenant: Tenant, order_id: object) -> Order:
+    order = access_object(Order.objects.all(), tenant=tenant, pk=order_id)
+    return (
+        Order.objects.select_for_update(of=("self",))
+        .select_related("tenant", "campaign")
+        .get(pk=order.pk)
+    )
+
+
+def _open_bid_withdraw(
+    order: Order, *, actor: AbstractBaseUser | str, reason: str, now: datetime
+) -> None:
+    """Cancel the order's bid in the round open for bidding, if it has one (escrow back)."""
+    rnd = _round_shared_open(now)
+    if rnd is None:
+        return
+    bid = (
+        Bid.objects.select_for_update(of=("self",))
+        .select_related("tenant", "campaign")
+        .filter(order=order, round=rnd, status=Bid.Status.OPEN)
+        .first()
+    )
+    if bid is not None:
+        _cancel_locked(bid=bid, actor=actor, reason=reason)
+
+
+def _round_shared_open(now: datetime) -> Round | None:
+    rnd = _open_round()
+    return None if rnd is None else _round_shared(rnd.pk, now=now)
+
+
+@transaction.atomic
+def order_edit(
+    *,
+    user: AbstractBaseUser,
+    tenant: Tenant,
+    order_id: object,
+    name: str | None = None,
+    values: dict[str, int] | None = None,
+    gpus: int | None = None,
+    min_gpus: int | None = None,
+    gpu_seconds_wanted: int | None = _UNSET,
+    ceiling: int | None = None,
+    deadline: datetime | None = _UNSET,
+    restart_seconds: int | None = None,
+    now: datetime | None = None,
+) -> Order:
+    """Change a live order; omitted fields stay. Its bid in the round open now is replaced
+    by one on the new terms (escrow follows) in the same transaction."""
+    now = now_or(now)
+    _check_member(user=user, tenant=tenant)
+    order = _order_locked(tenant=tenant, order_id=order_id)
+    if not order.live:
+        raise MarketError(f"order {order.pk} is {order.status}; only a live order can be edited")
+    old = order_values(order)
+    terms = _terms(
+        name=order.name if name is None else name,
+        values=old if values is None else values,
+        gpus=order.gpus if gpus is None else gpus,
+        min_gpus=(order.min_gpus if gpus is None else None) if min_gpus is None else min_gpus,
+        gpu_seconds_wanted=order.gpu_seconds_wanted
+        if gpu_seconds_wanted is _UNSET
+        else gpu_seconds_wanted,
+        ceiling=order.ceiling if ceiling is None else ceiling,
+        deadline=order.deadline if deadline is _UNSET else deadline,
+        restart_seconds=order.restart_seconds if restart_seconds is None else restart_seconds,
+        now=now,
+    )
+    if terms.ceiling < order.spent:
+        raise MarketError(
+            f"ceiling: the order has spent {credits(order.spent)} credits already; the ceiling "
+            "cannot be lower"
+        )
+    before = _snapshot(order, old)
+    _open_bid_withdraw(order, actor=user, reason=f"order {order.pk} edited", now=now)
+    order.name, order.gpus, order.min_gpus = terms.name, terms.gpus, terms.min_gpus
+    order.gpu_seconds_wanted, order.ceiling = terms.gpu_seconds_wanted, terms.ceiling
+    order.deadline, order.restart_seconds = terms.deadline, terms.restart_seconds
+    order.save()
+    if terms.values != old:
+        order.limits.all().delete()
+        OrderLimit.objects.bulk_create(
+            [OrderLimit(order=order, tier=terms.tiers[s], price=p) for s, p in terms.values.items()]
+        )
+    audit.record(
+        actor=user,
+        action="order.edit",
+        target=order,
+        tenant=tenant,
+        before=before,
+        after=_snapshot(order, terms.values),
+    )
+    _rebid(order, now=now)
+    return order
+
+
+def _rebid(order: Order, *, now: datetime) -> None:
+    rnd = _open_round()
+    if rnd is not None and order.status == Order.Status.ACTIVE:
+        orders_bid(round_id=rnd.pk, order_ids=[order.pk], now=now)
+
+
+def _status_set(
+    *,
+    user: AbstractBaseUser,
+    tenant: Tenant,
+    order_id: object,
+    allowed: tuple[str, ...],
+    status: str,
+    verb: str,
+    reason: str,
+    now: datetime,
+) -> Order:
+    _check_member(user=user, tenant=tenant)
+    order = _order_locked(tenant=tenant, order_id=order_id)
+    if order.status == status:
+        return order  # a retried request
+    if order.status not in allowed:
+        raise MarketError(f"order {order.pk} is {order.status}; it cannot be {verb}")
+    before = order.status
+    if status != Order.Status.ACTIVE:
+        _open_bid_withdraw(order, actor=user, reason=f"order {order.pk} {verb}", now=now)
+    order.status, order.status_reason, order.hold_reason = status, reason, ""
+    if status == Order.Status.CANCELLED:
+        order.ended_at = now
+    order.save(update_fields=["status", "status_reason", "hold_reason", "ended_at", "updated_at"])
+    audit.record(
+        actor=user,
+        action=f"order.{verb}",
+        target=order,
+        tenant=tenant,
+        before={"status": before},
+        after={"status": order.status, "reason": reason},
+    )
+    _rebid(order, now=now)
+    return order
+
+
+@transaction.atomic
+def order_pause(
+    *, user: AbstractBaseUser, tenant: Tenant, order_id: object, now: datetime | None = None
+) -> Order:
+    """Stop bidding (its bid in the open round is withdrawn); work it won runs to the end of
+    its window and is then suspended. ``order_resume`` bids again."""
+    return _status_set(
+        user=user,
+        tenant=tenant,
+        order_id=order_id,
+        allowed=(Order.Status.ACTIVE,),
+        status=Order.Status.PAUSED,
+        verb="paused",
+        reason=f"paused by {user}",
+        now=now_or(now),
+    )
+
+
+@transaction.atomic
+def order_resume(
+    *, user: AbstractBaseUser, tenant: Tenant, order_id: object, now: datetime | None = None
+) -> Order:
+    """Bid again, from the round open now."""
+    return _status_set(
+        user=user,
+        tenant=tenant,
+        order_id=order_id,
+        allowed=(Order.Status.PAUSED,),
+        status=Order.Status.ACTIVE,
+        verb="resumed",
+        reason="",
+        now=now_or(now),
+    )
+
+
+@transaction.atomic
+def order_cancel(
+    *, user: AbstractBaseUser, tenant: Tenant, order_id: object, now: datetime | None = None
+) -> Order:
+    """End the order: no more bids; its work stops when the window it won ends."""
+    return _status_set(
+        user=user,
+        tenant=tenant,
+        order_id=order_id,
+        allowed=Order.LIVE,
+        status=Order.Status.CANCELLED,
+        verb="cancelled",
+        reason=f"cancelled by {user}",
+        now=now_or(now),
+    )
+
+
+# -- the round opener -------------------------------------------------------------------
+
+
+def incumbents(*, order_ids: Iterable[int], ends_at: datetime) -> dict[int, dict[str, int]]:
+    """{order id: {tier slug: GPUs}} the orders hold in windows ending at ``ends_at``."""
+    rows = Allocation.objects.filter(
+        bid__order_id__in=list(order_ids),
+        ends_at=ends_at,
+        status__in=(
+            Allocation.Status.ACTIVE,
+            Allocation.Status.PAUSED,
+            Allocation.Status.FINISHED,
+            Allocation.Status.PREEMPTED,
+        ),
+    ).values_list("bid__order_id", "tier__slug", "gpus")
+    held: dict[int, dict[str, int]] = defaultdict(dict)
+    for order_id, slug, gpus in rows:
+        held[order_id][slug] = held[order_id].get(slug, 0) + gpus
+    return held
+
+
+class _Purse:
+    """What one tenant may still commit in this opening: its available balance and the room
+    under each of its safe budgets, drawn down as its orders' bids are admitted."""
+
+    def __init__(self, *, available: int, budgets: list[tuple[Budget, int]], capped: str) -> None:
+        self.available = available
+        self.budgets = budgets  # (budget, room left)
+        self.capped = capped  # why a hard cap stops every bid, or ""
+
+    def admit(self, amount: int, campaign_id: int | None) -> str:
+        if self.capped:
+            return self.capped
+        if amount > self.available:
+            return (
+                f"the team's available balance is {credits(self.available)} credits and this "
+                f"round's bid needs {credits(amount)}"
+            )
+        applicable = [
+            (i, b) for i, (b, _) in enumerate(self.budgets) if b.campaign_id in (None, campaign_id)
+        ]
+        for i, budget in applicable:
+            if amount > self.budgets[i][1]:
+                scope = (
+                    f"campaign {budget.campaign.name!r}" if budget.campaign_id else budget.window
+                )
+                return (
+                    f"the {scope} budget of {credits(budget.cap)} credits has "
+                    f"{credits(max(self.budgets[i][1], 0))} left and this round's bid needs "
+                    f"{credits(amount)}"
+                )
+        self.available -= amount
+        for i, _ in applicable:
+            self.budgets[i] = (self.budgets[i][0], self.budgets[i][1] - amount)
+        return ""
+
+
+def _purses(tenant_ids: set[int], *, now: datetime) -> dict[int, _Purse]:
+    """Each tenant's purse, its ledger accounts locked first (pk order, as every transfer
+    locks them) so what is read stays as read until the holds commit."""
+    accounts = list(
+        Account.objects.select_for_update()
+        .filter(tenant_id__in=tenant_ids, kind__in=Account.TENANT_KINDS)
+        .order_by("pk")
+    )
+    available = {a.tenant_id: a.balance for a in accounts if a.kind == Account.Kind.AVAILABLE}
+    budgets: dict[int, list[Budget]] = defaultdict(list)
+    for budget in (
+        Budget.objects.filter(tenant_id__in=tenant_ids, active=True)
+        .select_related("campaign", "tenant")
+        .order_by("pk")
+    ):
+        if budget.campaign_id is None or budget.campaign.starts_at <= now < budget.campaign.ends_at:
+            budgets[budget.tenant_id].append(budget)
+    purses = {}
+    for tenant_id in tenant_ids:
+        safe, capped = [], ""
+        for budget in budgets.get(tenant_id, []):
+            if budget.mode == Budget.Mode.SAFE:
+                usage = budget_usage(budget=budget, at=now)
+                safe.append((budget, budget.cap - usage.committed))
+        if any(b.mode == Budget.Mode.HARD for b in budgets.get(tenant_id, [])):
+            hard = tenant_hard_capped(tenant=budgets[tenant_id][0].tenant, at=now)
+            if hard is not None:
+                scope = (
+                    hard.campaign.name if hard.campaign_id else hard.get_window_display().lower()
+                )
+                capped = (
+                    f"paused: the team reached its {scope} hard cap of {credits(hard.cap)} "
+                    "credits; it bids again when the window rolls over or the cap is raised"
+                )
+        purses[tenant_id] = _Purse(
+            available=available.get(tenant_id, 0), budgets=safe, capped=capped
+        )
+    return purses
+
+
+@dataclass
+class OpenReport:
+    bids: list[Bid]
+    held: dict[int, str]  # order id -> why it made no bid
+    ended: dict[int, str]  # order id -> status it ended in
+
+
+@transaction.atomic
+def orders_bid(
+    *, round_id: int, order_ids: list[int] | None = None, now: datetime | None = None
+) -> OpenReport:
+    """Every active order (or those of ``order_ids``) without a bid in the round gets its
+    bid, in bulk: a few statements for all of them, not a request each. Escrow, budgets and
+    the audit trail are those of a hand-placed bid; an order its ceiling, deadline or wanted
+    GPU-hours ends is ended here with its reason; one its team's balance or budget cannot
+    cover this round sits the round out with the reason (``hold_reason``). Idempotent: an
+    order has one bid per round (a unique constraint), so a second run adds nothing."""
+    now = now_or(now)
+    report = OpenReport(bids=[], held={}, ended={})
+    rnd = _round_shared(round_id, now=now)
+    if rnd is None:
+        return report
+    live = Order.objects.select_for_update().filter(status=Order.Status.ACTIVE)
+    if order_ids is not None:
+        live = live.filter(pk__in=order_ids)
+    orders = list(
+        live.exclude(
+            pk__in=Bid.objects.filter(
+                round=rnd, status=Bid.Status.OPEN, order__isnull=False
+            ).values("order_id")
+        ).order_by("pk")
+    )
+    if not orders:
+        return report
+    ids = [o.pk for o in orders]
+    values: dict[int, dict[str, int]] = defaultdict(dict)
+    tier_of: dict[str, Tier] = {t.slug: t for t in Tier.objects.filter(active=True)}
+    for order_id, slug, price in OrderLimit.objects.filter(order_id__in=ids).values_list(
+        "order_id", "tier__slug", "price"
+    ):
+        if slug in tier_of:
+            values[order_id][slug] = price
+    holding = dict(
+        Bid.objects.filter(order_id__in=ids, status=Bid.Status.OPEN)
+        .values("order_id")
+        .annotate(held=Sum("escrow"))
+        .values_list("order_id", "held")
+    )
+    held_by = incumbents(order_ids=ids, ends_at=rnd.starts_at)
+    purses = _purses({o.tenant_id for o in orders}, now=now)
+    seconds = window_seconds(rnd)
+    reserves = {slug: rnd.policy.reserve_for(slug) for slug in tier_of}
+    bids: list[Bid] = []
+    terms_of: dict[int, Any] = {}
+    for order in orders:
+        if order.deadline is not None and order.deadline <= rnd.starts_at:
+            _end(order, Order.Status.EXPIRED, _deadline_reason(order), now=now, report=report)
+            continue
+        if not values.get(order.pk):
+            order.hold_reason = "none of its tiers is on offer now"
+            report.held[order.pk] = order.hold_reason
+            continue
+        decision = order_bid(
+            OrderState(
+                gpus=order.gpus,
+                min_gpus=order.min_gpus,
+                values=values[order.pk],
+                gpu_seconds_wanted=order.gpu_seconds_wanted,
+                gpu_seconds=order.gpu_seconds,
+                ceiling=order.ceiling,
+                committed=order.spent + int(holding.get(order.pk) or 0),
+                restart_seconds=order.restart_seconds,
+                incumbent=held_by.get(order.pk, {}),
+                reserves=reserves,
+            ),
+            window_seconds=seconds,
+        )
+        if isinstance(decision, NoBid):
+            if decision.ends == "done":
+                _end(order, Order.Status.DONE, _done_reason(order), now=now, report=report)
+            elif decision.ends == "exhausted" and not holding.get(order.pk):
+                _end(order, Order.Status.EXHAUSTED, decision.reason, now=now, report=report)
+            else:
+                order.hold_reason = decision.reason
+                report.held[order.pk] = decision.reason
+            continue
+        why = purses[order.tenant_id].admit(decision.escrow, order.campaign_id)
+        if why:
+            order.hold_reason = why
+            report.held[order.pk] = why
+            continue
+        order.hold_reason = ""
+        terms_of[order.pk] = decision
+        bids.append(
+            Bid(
+                tenant_id=order.tenant_id,
+                author_id=order.author_id,
+                round=rnd,
+                campaign_id=order.campaign_id,
+                order=order,
+                quantity=decision.quantity,
+                min_quantity=decision.min_quantity,
+                escrow=decision.escrow,
+                note=f"order {order.pk}: {order.name}"[:200],
+            )
+        )
+    Bid.objects.bulk_create(bids)
+    BidLimit.objects.bulk_create(
+        [
+            BidLimit(
+                bid=bid,
+                tier=tier_of[slug],
+                price=price,
+                charge_limit=terms_of[bid.order_id].charge_limits[slug]
+                if price != terms_of[bid.order_id].charge_limits[slug]
+                else None,
+            )
+            for bid in bids
+            for slug, price in terms_of[bid.order_id].limits.items()
+        ]
+    )
+    tenants = Tenant.objects.in_bulk({o.tenant_id for o in orders})
+    campaigns = Campaign.objects.in_bulk({o.campaign_id for o in orders} - {None})
+    transfer_execute_many(
+        orders=[
+            TransferOrder(
+                kind=Transfer.Kind.HOLD,
+                tenant=tenants[bid.tenant_id],
+                amount=bid.escrow,
+                reason=f"escrow for bid {bid.pk} (order {bid.order_id}) in round {rnd.pk}",
+                reference=f"bid:{bid.pk}",
+                campaign=campaigns.get(bid.campaign_id),
+                idempotency_key=f"order-hold:{bid.pk}",
+            )
+            for bid in bids
+        ]
+    )
+    with audit.batch():
+        for bid in bids:
+            terms = terms_of[bid.order_id]
+            audit.record(
+                actor=SYSTEM,
+                action="bid.place",
+                target=bid,
+                tenant=tenants[bid.tenant_id],
+                after={
+                    "round": rnd.pk,
+                    "order": bid.order_id,
+                    "quantity": bid.quantity,
+                    "min_quantity": bid.min_quantity,
+                    "limits": terms.limits,
+                    "charge_limits": terms.charge_limits,
+                    "escrow": bid.escrow,
+                    "status": bid.status,
+                    "campaign": bid.campaign_id,
+                },
+            )
+        for order in orders:
+            if order.pk in report.ended:
+                audit.record(
+                    actor=SYSTEM,
+                    action="order.end",
+                    target=order,
+                    tenant=tenants[order.tenant_id],
+                    before={"status": Order.Status.ACTIVE},
+                    after={"status": order.status, "reason": order.status_reason},
+                )
+    rows_update(orders, ["status", "status_reason", "hold_reason", "ended_at", "updated_at"])
+    _notify_ended([o for o in orders if o.pk in report.ended])
+    report.bids = bids
+    return report
+
+
+def _hours(gpu_seconds: int | None) -> str:
+    return "until cancelled" if gpu_seconds is None else f"{gpu_seconds / 3600:,.1f}"
+
+
+def _done_reason(order: Order) -> str:
+    return f"received {_hours(order.gpu_seconds)} of {_hours(order.gpu_seconds_wanted)} GPU-hours"
+
+
+def _deadline_reason(order: Order) -> str:
+    wanted = _hours(order.gpu_seconds_wanted)
+    return (
+        f"its deadline {order.deadline:%Y-%m-%d %H:%M} UTC passed with "
+        f"{_hours(order.gpu_seconds)} of {wanted} GPU-hours received"
+    )
+
+
+def _end(order: Order, status: str, reason: str, *, now: datetime, report: OpenReport) -> None:
+    order.status, order.status_reason, order.hold_reason, order.ended_at = status, reason, "", now
+    order.updated_at = now
+    report.ended[order.pk] = status
+
+
+_ENDED_TEXT = {
+    Order.Status.DONE: ("order_finished", Notification.Level.INFO, "finished"),
+    Order.Status.EXHAUSTED: ("order_budget_exhausted", Notification.Level.WARNING, "stopped"),
+    Order.Status.EXPIRED: ("order_deadline_passed", Notification.Level.WARNING, "stopped"),
+}
+
+
+def _notify_ended(orders: list[Order]) -> None:
+    notices = []
+    for order in orders:
+        kind, level, verb = _ENDED_TEXT[order.status]
+        notices.append(
+            Notification(
+                tenant_id=order.tenant_id,
+                level=level,
+                kind=kind,
+                message=f"Order {order.pk} ({order.name}) {verb}: {order.status_reason}."[:500],
+                dedupe_key=f"order-end:{order.pk}",
+            )
+        )
+    Notification.objects.bulk_create(notices, ignore_conflicts=True)
+
+
+# -- settlement -------------------------------------------------------------------------
+
+
+def orders_settle(
+    *, rnd: Round, bids: list[Bid], allocations: list[Allocation], now: datetime
+) -> int:
+    """Settlement's part for the round's order bids, in its transaction: each order's
+    GPU-seconds, spend, rounds won or lost and preemptions; an order that now has what it
+    wanted is done. Returns the preemptions (work that ran in the window before and does not
+    keep its GPUs)."""
+    by_order = {bid.order_id: bid for bid in bids if bid.order_id is not None}
+    if not by_order:
+        return 0
+    orders = list(Order.objects.select_for_update().filter(pk__in=list(by_order)).order_by("pk"))
+    seconds = window_seconds(rnd)
+    won: dict[int, dict[str, int]] = defaultdict(dict)
+    charged: dict[int, int] = defaultdict(int)
+    order_of_bid = {bid.pk: bid.order_id for bid in by_order.values()}
+    for allocation in allocations:
+        order_id = order_of_bid.get(allocation.bid_id)
+        if order_id is not None:
+            slug = allocation.tier.slug
+            won[order_id][slug] = won[order_id].get(slug, 0) + allocation.gpus
+            charged[order_id] += allocation.charge
+    held = incumbents(order_ids=list(by_order), ends_at=rnd.starts_at)
+    notices: list[Notification] = []
+    preemptions = 0
+    for order in orders:
+        mine = won.get(order.pk, {})
+        order.gpu_seconds += sum(mine.values()) * seconds
+        order.spent += charged.get(order.pk, 0)
+        if mine:
+            order.rounds_won += 1
+            if order.rounds_won == 1:
+                notices.append(
+                    _notice(order, "order_started", f"started: won {_gpus(mine)} in round {rnd.pk}")
+                )
+        else:
+            order.rounds_lost += 1
+        if preempted(held=held.get(order.pk, {}), won=mine):
+            order.preemptions += 1
+            preemptions += 1
+            reason = by_order[order.pk].outcome_reason or "it won less than it held"
+            notices.append(
+                _notice(
+                    order,
+                    "order_preempted",
+                    f"preempted in round {rnd.pk}: {reason}; its work gets the checkpoint "
+                    "signal and is suspended at the window's end, and resumes when it wins again",
+                    level=Notification.Level.WARNING,
+                    key=f"order-preempted:{order.pk}:{rnd.pk}",
+                )
+            )
+        if (
+            order.status == Order.Status.ACTIVE
+            and order.gpu_seconds_wanted is not None
+            and order.gpu_seconds >= order.gpu_seconds_wanted
+        ):
+            order.status, order.status_reason, order.ended_at = (
+                Order.Status.DONE,
+                _done_reason(order),
+                now,
+            )
+            notices.append(_notice(order, "order_finished", f"finished: {order.status_reason}"))
+            audit.record(
+                actor=SYSTEM,
+                action="order.end",
+                target=order,
+                tenant=order.tenant,
+                before={"status": Order.Status.ACTIVE},
+                after={"status": order.status, "reason": order.status_reason},
+            )
+        order.updated_at = now
+    rows_update(
+        orders,
+        [
+            "gpu_seconds",
+            "spent",
+            "rounds_won",
+            "rounds_lost",
+            "preemptions",
+            "status",
+            "status_reason",
+            "ended_at",
+            "updated_at",
+        ],
+    )
+    Notification.objects.bulk_create(notices, ignore_conflicts=True)
+    return preemptions
+
+
+def _gpus(won: dict[str, int]) -> str:
+    return ", ".join(f"{gpus} x {slug}" for slug, gpus in sorted(won.items()))
+
+
+def _notice(
+    order: Order,
+    kind: str,
+    text: str,
+    *,
+    level: str = Notification.Level.INFO,
+    key: str | None = None,
+) -> Notification:
+    return Notification(
+        tenant_id=order.tenant_id,
+        level=level,
+        kind=kind,
+        message=f"Order {order.pk} ({order.name}) {text}"[:500],
+        dedupe_key=key or f"{kind.replace('_', '-')}:{order.pk}",
+    )
