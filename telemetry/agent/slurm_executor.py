@@ -6,6 +6,11 @@ own SIGTERM, and SIGKILL after the cluster's KillWait), so a job whose window
 ended (or that was preempted) can write a checkpoint and then is cancelled; its outcome is
 reported when Slurm no longer runs it. Suspend and resume need a Slurm operator or
 administrator account; a refusal comes back as a "failed" outcome with Slurm's message.
+
+Only a RUNNING job is ever sent a signal: on Slurm 22.05 `scancel --signal=<sig> [--full]`
+never returns for a SUSPENDED or a PENDING job (seen on the test cluster: still waiting after
+20 s, the job untouched), while plain `scancel` cancels either at once. So terminate reads the
+job's state first (`scontrol show job`) and cancels a job that is not running without a grace.
 """
 
 from __future__ import annotations
@@ -16,11 +21,11 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from telemetry.agent.directives import outcome_combine, targets_for
 from telemetry.agent.errors import ExecutorUnavailable
-from telemetry.agent.protocol import Directive, DirectiveResult, ObservedProcess
+from telemetry.agent.protocol import Directive, DirectiveResult, ObservedProcess, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +45,15 @@ JOB_GONE = re.compile(r"invalid job id|does not exist|already completed", re.IGN
 
 @dataclass(slots=True)
 class _Cancel:
+    """A terminate in progress. Each job is in one of two places, with the state it was
+    found in: signalled (waiting out the grace) or cancelled (waiting for Slurm to end it)."""
+
     directive_id: int
-    jobs: tuple[str, ...]
     grace_seconds: int
     kill_at: float
-    killed: bool = False
+    signalled: dict[str, str] = field(default_factory=dict)
+    cancelled: dict[str, str] = field(default_factory=dict)
+    results: list[DirectiveResult] = field(default_factory=list)
 
 
 class SlurmExecutor:
@@ -84,22 +93,16 @@ class SlurmExecutor:
             )
         if directive.action != "terminate":
             return outcome_combine(directive.id, [self._run(directive, job) for job in jobs])
-        results = [
-            self._command(directive.id, job, [self._scancel, "--signal=TERM", "--full", job])
-            for job in jobs
-        ]
-        combined = outcome_combine(directive.id, results)
-        if combined.outcome != "done":
-            return combined
-        signalled = tuple(j for j, r in zip(jobs, results, strict=True) if r.outcome == "done")
-        self._cancels.append(
-            _Cancel(
-                directive_id=directive.id,
-                jobs=signalled,
-                grace_seconds=directive.grace_seconds,
-                kill_at=self._clock() + directive.grace_seconds,
-            )
+        cancel = _Cancel(
+            directive_id=directive.id,
+            grace_seconds=directive.grace_seconds,
+            kill_at=self._clock() + directive.grace_seconds,
         )
+        results = [self._terminate(cancel, job) for job in jobs]
+        if not cancel.signalled and not cancel.cancelled:
+            return outcome_combine(directive.id, results)
+        cancel.results = [r for r in results if r.outcome != "done"]
+        self._cancels.append(cancel)
         return None
 
     def poll(self) -> list[DirectiveResult]:
@@ -107,27 +110,64 @@ class SlurmExecutor:
         finished: list[DirectiveResult] = []
         waiting: list[_Cancel] = []
         for cancel in self._cancels:
-            active = [job for job in cancel.jobs if self._active(job)]
-            if not active:
-                detail = (
-                    f"job {' '.join(cancel.jobs)} cancelled after {cancel.grace_seconds}s grace"
-                    if cancel.killed
-                    else f"job {' '.join(cancel.jobs)} ended after SIGTERM"
-                )
-                finished.append(
-                    DirectiveResult(id=cancel.directive_id, outcome="done", detail=detail)
-                )
-                continue
-            if not cancel.killed and self._clock() >= cancel.kill_at:
-                for job in active:
-                    logger.info("grace over for directive %d; scancel %s", cancel.directive_id, job)
-                    self._command(cancel.directive_id, job, [self._scancel, job])
-                cancel.killed = True
-            waiting.append(cancel)
+            self._cancel_advance(cancel)
+            if cancel.signalled or cancel.cancelled:
+                waiting.append(cancel)
+            else:
+                finished.append(outcome_combine(cancel.directive_id, cancel.results))
         self._cancels = waiting
         return finished
 
-    def _active(self, job: str) -> bool:
+    def _terminate(self, cancel: _Cancel, job: str) -> DirectiveResult:
+        """Signal a running job (it is cancelled once the grace is over); cancel any other
+        job at once, because Slurm never answers a signal for a job that is not running."""
+        shown = self._show(cancel.directive_id, job)
+        if isinstance(shown, DirectiveResult):
+            return shown
+        if shown == "RUNNING":
+            command = [self._scancel, "--signal=TERM", "--full", job]
+            target = cancel.signalled
+        else:
+            command = [self._scancel, job]
+            target = cancel.cancelled
+        result = self._command(cancel.directive_id, job, command)
+        if result.outcome == "done":
+            target[job] = shown
+        return result
+
+    def _cancel_advance(self, cancel: _Cancel) -> None:
+        directive_id = cancel.directive_id
+        for job in list(cancel.signalled):
+            if not self._active(job):
+                del cancel.signalled[job]
+                cancel.results.append(self._done(directive_id, f"job {job} ended after SIGTERM"))
+            elif self._clock() >= cancel.kill_at:
+                logger.info("grace over for directive %d; scancel %s", directive_id, job)
+                self._command(directive_id, job, [self._scancel, job])
+                del cancel.signalled[job]
+                cancel.cancelled[job] = "RUNNING"
+        for job, state in list(cancel.cancelled.items()):
+            if self._active(job):
+                continue
+            del cancel.cancelled[job]
+            detail = (
+                f"job {job} cancelled after {cancel.grace_seconds}s grace"
+                if state == "RUNNING"
+                else f"job {job} cancelled at once ({state}: Slurm cannot signal it)"
+            )
+            cancel.results.append(self._done(directive_id, detail))
+
+    @staticmethod
+    def _done(directive_id: int, detail: str) -> DirectiveResult:
+        return DirectiveResult(id=directive_id, outcome="done", detail=detail)
+
+    def _show(self, directive_id: int, job: str) -> str | DirectiveResult:
+        """The job's state (JobState, e.g. RUNNING), or the outcome that ends the directive
+        for this job: gone when the controller no longer knows it, failed when it cannot say."""
+        if not JOB_ID.match(job):
+            return DirectiveResult(
+                id=directive_id, outcome="failed", detail=f"not a Slurm job id: {job!r}"
+            )
         try:
             shown = subprocess.run(
                 [self._scontrol, "show", "job", job, "--oneliner"],
@@ -136,12 +176,30 @@ class SlurmExecutor:
                 timeout=self._timeout,
                 check=False,
             )
-        except (subprocess.TimeoutExpired, OSError):
-            return True  # cannot tell: ask again at the next poll
+        except subprocess.TimeoutExpired:
+            return DirectiveResult(
+                id=directive_id,
+                outcome="failed",
+                detail=f"scontrol show job {job}: no answer in {self._timeout}s",
+            )
+        except OSError as exc:
+            return DirectiveResult(
+                id=directive_id, outcome="failed", detail=f"scontrol show job {job}: {exc}"
+            )
+        message = (shown.stderr or shown.stdout).strip()
         if shown.returncode != 0:
-            return not JOB_GONE.search(shown.stderr or shown.stdout)
+            outcome: Outcome = "gone" if JOB_GONE.search(message) else "failed"
+            return DirectiveResult(
+                id=directive_id, outcome=outcome, detail=f"scontrol show job {job}: {message}"
+            )
         state = _JOB_STATE.search(shown.stdout)
-        return state is not None and state.group(1) in ACTIVE_STATES
+        return state.group(1) if state is not None else "UNKNOWN"
+
+    def _active(self, job: str) -> bool:
+        shown = self._show(0, job)
+        if isinstance(shown, DirectiveResult):
+            return shown.outcome != "gone"  # cannot tell: ask again at the next poll
+        return shown in ACTIVE_STATES
 
     def _jobs(self, directive: Directive, observed: Mapping[int, ObservedProcess]) -> list[str]:
         if directive.slurm_job is not None:

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from datetime import timedelta
 
 import pytest
@@ -25,6 +26,8 @@ from market.services.slurm_reservations import (
     slurm_reservations_end,
 )
 from market.services.void import round_void
+from telemetry.agent.protocol import Directive, DirectiveResult
+from telemetry.agent.slurm_executor import SlurmExecutor
 from telemetry.models import EnforcementAction
 from telemetry.services import node_register
 from tenants.ledger import MILLI
@@ -274,3 +277,48 @@ def test_a_real_slurm_job_is_suspended_resumed_and_cancelled_at_window_end(
         agent.stop()
         server.stop()
         worker.stop()
+
+
+def _directive(
+    action: str, job: str, *, directive_id: int, grace: int = GRACE_SECONDS
+) -> Directive:
+    return Directive(
+        id=directive_id,
+        action=action,
+        gpu=None,
+        pid=None,
+        allocation=None,
+        slurm_job=job,
+        pod=None,
+        namespace=None,
+        grace_seconds=grace,
+        reason="test",
+    )
+
+
+def _outcome(executor: SlurmExecutor, *, timeout: float) -> DirectiveResult | None:
+    """The first outcome the executor's poll gives within ``timeout`` seconds."""
+    found: list[DirectiveResult] = []
+    wait_until(lambda: bool(found.extend(executor.poll()) or found), timeout=timeout, step=0.5)
+    return found[0] if found else None
+
+
+def test_a_suspended_job_is_cancelled_at_once_on_terminate(slurm_node, slurm_cleanup):
+    # Slurm never answers `scancel --signal` for a suspended job: the executor must not send
+    # one, or the job keeps its GPUs while each retry times out.
+    job = _submit(script="#!/bin/sh\nsleep 300\n")
+    assert wait_until(lambda: _job(job).get("JobState") == "RUNNING", timeout=30), _job(job)
+    executor = SlurmExecutor()
+    paused = executor.apply(_directive("pause", job, directive_id=1), observed={})
+    assert paused is not None and paused.outcome == "done", paused
+    assert wait_until(lambda: _job(job).get("JobState") == "SUSPENDED", timeout=10), _job(job)
+
+    started = time.monotonic()
+    applied = executor.apply(_directive("terminate", job, directive_id=2), observed={})
+    assert time.monotonic() - started < 5, applied
+    assert applied is None, applied
+    result = _outcome(executor, timeout=KILL_WAIT + 10)
+
+    assert result is not None and result.outcome == "done", (result, _job(job))
+    assert _job(job).get("JobState") in ("CANCELLED", None), _job(job)
+    assert time.monotonic() - started < KILL_WAIT + 10

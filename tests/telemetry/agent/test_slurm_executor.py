@@ -100,14 +100,28 @@ def test_terminate_sends_sigterm_then_cancels_the_job_once_the_grace_is_over(sco
     now[0] = 29.0
     assert executor.poll() == []  # still running, grace not over
     now[0] = 30.0
-    assert executor.poll() == []  # grace over: cancelled, not yet seen gone
-    assert scontrol()[-2:] == [
+    (result,) = executor.poll()  # grace over: cancelled, and seen gone
+    assert scontrol()[-3:] == [
         ["show", "job", "1234", "--oneliner"],
         ["scancel", "1234"],
+        ["show", "job", "1234", "--oneliner"],
     ]
-    (result,) = executor.poll()
     assert result.outcome == "done" and result.detail == "job 1234 cancelled after 30s grace"
     assert executor.poll() == []
+
+
+@pytest.mark.parametrize("state", ["SUSPENDED", "PENDING"])
+def test_terminate_cancels_a_job_that_is_not_running_without_a_signal(scontrol, state):
+    # Slurm never answers `scancel --signal` for such a job.
+    scontrol.job("1234", state=state)
+    executor = SlurmExecutor(clock=lambda: 0.0)
+
+    assert executor.apply(directive("terminate", slurm_job="1234"), observed={}) is None
+
+    assert [c for c in scontrol() if c[0] == "scancel"] == [["scancel", "1234"]]
+    (result,) = executor.poll()
+    assert result.outcome == "done"
+    assert result.detail == f"job 1234 cancelled at once ({state}: Slurm cannot signal it)"
 
 
 def test_a_job_that_ends_on_sigterm_is_not_cancelled_again(scontrol):
