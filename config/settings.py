@@ -379,6 +379,9 @@ if not GPUMARKET_METRICS_TOKEN and not DEBUG:
 GPUMARKET_NODE_STALE_SECONDS = env_int("GPUMARKET_NODE_STALE_SECONDS", 90)
 GPUMARKET_SAMPLE_RETENTION_HOURS = env_int("GPUMARKET_SAMPLE_RETENTION_HOURS", 48)
 GPUMARKET_PREEMPT_GRACE_SECONDS = env_int("GPUMARKET_PREEMPT_GRACE_SECONDS", 30)
+# The signal a standing order's work gets when its order lost the round, GPUMARKET_PREEMPT_
+# GRACE_SECONDS before it is suspended (signal executor) or requeued and held (Slurm).
+GPUMARKET_CHECKPOINT_SIGNAL = os.environ.get("GPUMARKET_CHECKPOINT_SIGNAL", "USR1")
 # Slurm reservations per placed allocation (market/services/slurm_reservations.py): off
 # unless the platform's workers can run Slurm's client tools as an operator.
 GPUMARKET_SLURM_RESERVATIONS = env_bool("GPUMARKET_SLURM_RESERVATIONS", False)

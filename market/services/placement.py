@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 
-from market.models import Allocation, Round
+from market.models import Allocation, Bid, Round
 from market.placement import FreeGpu, Placement, Request, largest_gang, place
 from market.placement.inventory import tier_gpus
 
@@ -52,6 +52,33 @@ def _previous(rnd: Round, slug: str) -> dict[int, list[tuple[int, tuple[str, ...
     return out
 
 
+def _orders_last(
+    rnd: Round, slug: str, bid_ids: list[int]
+) -> dict[int, tuple[int, tuple[str, ...]]]:
+    """Per bid of a standing order, the (GPUs, uuids) of its order's latest allocation on
+    ``slug`` before this round: its work (running on, or suspended there) resumes on those
+    GPUs when they are free."""
+    order_of = dict(
+        Bid.objects.filter(pk__in=bid_ids, order__isnull=False).values_list("pk", "order_id")
+    )
+    if not order_of:
+        return {}
+    latest: dict[int, tuple[int, tuple[str, ...]]] = {}
+    rows = (
+        Allocation.objects.filter(
+            bid__order_id__in=set(order_of.values()),
+            tier__slug=slug,
+            ends_at__lte=rnd.starts_at,
+        )
+        .exclude(placement=[])
+        .order_by("bid__order_id", "-ends_at", "-pk")
+        .values_list("bid__order_id", "gpus", "placement")
+    )
+    for order_id, gpus, placement in rows:
+        latest.setdefault(order_id, (gpus, tuple(g["uuid"] for g in placement)))
+    return {bid: latest[order] for bid, order in order_of.items() if order in latest}
+
+
 def round_placement(
     *,
     rnd: Round,
@@ -75,9 +102,15 @@ def round_placement(
             tier_slug=slug, starts_at=rnd.starts_at, ends_at=rnd.ends_at, round_id=rnd.pk
         )
         previous = _previous(rnd, slug)
+        ordered = _orders_last(rnd, slug, [bid_id for bid_id, _ in rows])
         requests = []
         for bid_id, gpus in sorted(rows):
             keep: tuple[str, ...] = ()
+            if bid_id in ordered and ordered[bid_id][0] == gpus:
+                requests.append(
+                    Request(bid_id, gpus, gang=gang.get(bid_id, False), keep=ordered[bid_id][1])
+                )
+                continue
             held = previous.get(tenant.get(bid_id, 0), [])
             for i, (count, uuids) in enumerate(held):
                 if count == gpus:

@@ -38,7 +38,7 @@ def _refusal(exc: TelemetryError) -> JsonResponse:
 
 
 def directive_to_wire(action: EnforcementAction) -> dict[str, Any]:
-    return {
+    wire = {
         "id": action.pk,
         "action": action.action,
         "gpu": action.gpu.uuid,
@@ -50,6 +50,9 @@ def directive_to_wire(action: EnforcementAction) -> dict[str, Any]:
         "grace_seconds": action.grace_seconds,
         "reason": action.reason,
     }
+    if action.action == EnforcementAction.Action.SUSPEND:
+        wire["checkpoint_signal"] = settings.GPUMARKET_CHECKPOINT_SIGNAL
+    return wire
 
 
 def _rate_exceeded(*, node_id: int) -> int:

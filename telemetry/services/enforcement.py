@@ -5,7 +5,11 @@ directives the node agents carry out.
 Rules, per observed process:
 - no allocation tag, or a tag naming no allocation: pause;
 - its allocation's window has ended, or it was finished, preempted or revoked: terminate
-  (SIGTERM, then SIGKILL after GPUMARKET_PREEMPT_GRACE_SECONDS);
+  (SIGTERM, then SIGKILL after GPUMARKET_PREEMPT_GRACE_SECONDS); unless the allocation is a
+  standing order's (verdicts.py): then the work runs on as the order's allocation of the
+  window it won on these GPUs, runs on while the order's next bid is being cleared, is
+  suspended (checkpoint signal, the grace, then stopped with its GPUs released) when the
+  order lost or is paused, and is terminated only when the order ended or runs elsewhere;
 - its allocation has not started, or is paused by the market: pause;
 - on a GPU of another tier than its allocation's: pause;
 - its tenant has reached a hard spend cap: pause;
@@ -14,7 +18,7 @@ Rules, per observed process:
 - it runs on a GPU placed for another allocation: pause;
 - its allocation's processes occupy more GPUs than it won: pause the processes on the extra
   GPUs (the GPUs it runs on are kept first, then the lowest GPU ids);
-- otherwise it may run: a process this loop paused is resumed.
+- otherwise it may run: a process this loop paused or suspended is resumed.
 
 Idempotent: an action is issued only when the process's *expected* state (what it is, or
 will be once pending directives are carried out) differs from what is wanted. A failed
@@ -131,7 +135,7 @@ def _lock() -> bool:
 
 
 # How strict a wanted state is, for a process whose GPUs call for different ones.
-_STRICTNESS = {EnforcementAction.Action.TERMINATE: 2, EnforcementAction.Action.PAUSE: 1, RUN: 0}
+_STRICTNESS = {Action.TERMINATE: 3, Action.SUSPEND: 2, Action.PAUSE: 1, RUN: 0}
 
 
 @transaction.atomic
@@ -270,11 +274,12 @@ def _allocations_preempt(
 ) -> None:
     """An allocation still active or paused whose ended window had work to terminate was
     preempted. (One `round_finish` reached first is `finished` and stays so.)"""
+    verdicts = list(verdicts)
     ids = sorted(
         {
             v.allocation.pk
             for v in verdicts
-            if v.want == Action.TERMINATE
+            if v.want in (Action.TERMINATE, Action.SUSPEND)
             and v.allocation is not None
             and v.allocation.status in (Allocation.Status.ACTIVE, Allocation.Status.PAUSED)
             and v.allocation.ends_at <= now
@@ -283,15 +288,23 @@ def _allocations_preempt(
     ended = _status_move(
         allocations_preempt,
         ids=ids,
-        reason="the window ended with work still running, which is terminated after a "
+        reason="the window ended with work still running, which is terminated (or, a standing "
+        "order's, suspended) after a "
         f"{settings.GPUMARKET_PREEMPT_GRACE_SECONDS}s grace to checkpoint",
         now=now,
     )
     report.allocations_preempted += ended
     if ended:
         window_ended_notify(
-            ended=list(Allocation.objects.filter(pk__in=ended).order_by("pk")),
+            ended=list(
+                Allocation.objects.filter(pk__in=ended).select_related("bid").order_by("pk")
+            ),
             grace_seconds=settings.GPUMARKET_PREEMPT_GRACE_SECONDS,
+            suspended=frozenset(
+                v.allocation.pk
+                for v in verdicts
+                if v.want == Action.SUSPEND and v.allocation is not None
+            ),
         )
 
 
@@ -329,7 +342,11 @@ def _issue(
     *, observation: ProcessObservation, verdict: Verdict, action: str, now: datetime
 ) -> EnforcementAction:
     node: Node = observation.node
-    grace = settings.GPUMARKET_PREEMPT_GRACE_SECONDS if action == Action.TERMINATE else 0
+    grace = (
+        settings.GPUMARKET_PREEMPT_GRACE_SECONDS
+        if action in (Action.TERMINATE, Action.SUSPEND)
+        else 0
+    )
     reason = verdict.reason if action != Action.RESUME else f"allowed again: {verdict.reason}"
     created = EnforcementAction.objects.create(
         node=node,

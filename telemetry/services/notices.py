@@ -63,7 +63,21 @@ def work_resumed_notify(*, resumed: list[Allocation], now: datetime) -> None:
     )
 
 
-def window_ended_notify(*, ended: list[Allocation], grace_seconds: int) -> None:
+def window_ended_notify(
+    *, ended: list[Allocation], grace_seconds: int, suspended: frozenset[int] = frozenset()
+) -> None:
+    """``suspended``: the allocations whose standing order's work is suspended, not stopped."""
+
+    def what(a: Allocation) -> str:
+        if a.pk in suspended:
+            return (
+                f"order {a.bid.order_id}'s work gets the checkpoint signal and is suspended "
+                f"after {grace_seconds} s (not killed); it resumes when the order wins again."
+            )
+        return (
+            f"the work was stopped (SIGTERM, then SIGKILL after {grace_seconds} s to checkpoint)."
+        )
+
     Notification.objects.bulk_create(
         [
             Notification(
@@ -72,9 +86,8 @@ def window_ended_notify(*, ended: list[Allocation], grace_seconds: int) -> None:
                 kind="allocation_ended",
                 message=(
                     f"Allocation #{a.pk} ended at {a.ends_at:%Y-%m-%d %H:%M} UTC with work "
-                    f"still running; the work was stopped (SIGTERM, then SIGKILL after "
-                    f"{grace_seconds} s to checkpoint)."
-                ),
+                    f"still running; {what(a)}"
+                )[:500],
                 dedupe_key=f"allocation-ended:{a.pk}",
             )
             for a in ended

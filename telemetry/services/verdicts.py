@@ -5,12 +5,13 @@ the loop issues what ``decide`` returns."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from market.models import Allocation
+from market.models import Allocation, Bid
 from market.placement.launch import launch_token_valid
 from market.services.launch import placement_text
 from telemetry.models import EnforcementAction, ProcessObservation
@@ -25,16 +26,37 @@ STOPPED = ProcessObservation.State.STOPPED
 RUNNING = ProcessObservation.State.RUNNING
 TERMINATING = "terminating"
 
-_EFFECT = {Action.PAUSE: STOPPED, Action.RESUME: RUNNING, Action.TERMINATE: TERMINATING}
+_EFFECT = {
+    Action.PAUSE: STOPPED,
+    Action.RESUME: RUNNING,
+    Action.TERMINATE: TERMINATING,
+    Action.SUSPEND: STOPPED,
+}
+# Actions that leave a process stopped by this loop, which it may resume.
+_STOPS = (Action.PAUSE, Action.SUSPEND)
 _ENDED = (Allocation.Status.FINISHED, Allocation.Status.PREEMPTED, Allocation.Status.REVOKED)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    want: str  # RUN, Action.PAUSE or Action.TERMINATE
+    want: str  # RUN, Action.PAUSE, Action.SUSPEND or Action.TERMINATE
     reason: str
     allocation: Allocation | None = None
     tenant: Tenant | None = None
+    # The allocation the process was started for, when ``allocation`` is its standing
+    # order's allocation of a later window (the work runs on across windows it wins): its
+    # launch token is checked against the one it was started for.
+    started_for: Allocation | None = None
+
+
+@dataclass(frozen=True)
+class Orders:
+    """What the verdicts need of the standing orders behind the observed allocations."""
+
+    # order id -> its live allocations now (active or paused, window around now)
+    live: dict[int, list[Allocation]]
+    # (order id, window start) for each bid of an order not yet settled
+    pending: set[tuple[int, datetime]]
 
 
 def expected_state(observation: ProcessObservation, last: EnforcementAction | None) -> str:
@@ -79,17 +101,17 @@ def decide(
         ):
             return None
         return Action.TERMINATE
-    if want == Action.PAUSE:
+    if want in _STOPS:
         if expected == STOPPED:
             return None
-        if last is not None and last.action == Action.PAUSE and recently_failed:
+        if last is not None and last.action == want and recently_failed:
             return None
-        return Action.PAUSE
+        return want
     # The process may run. Resume it only if this loop stopped it: a process its owner
     # stopped (a debugger, a job-control stop) is none of the platform's business.
     if expected != STOPPED or last is None:
         return None
-    if last.action == Action.PAUSE and last.state in (
+    if last.action in _STOPS and last.state in (
         State.ISSUED,
         State.DELIVERED,
         State.ACKNOWLEDGED,
@@ -109,8 +131,12 @@ def verdicts(
 ) -> dict[int, Verdict]:
     refs = {o.allocation_ref for o in observations if o.allocation_ref is not None}
     allocations = {
-        a.pk: a for a in Allocation.objects.filter(pk__in=refs).select_related("tenant", "tier")
+        a.pk: a
+        for a in Allocation.objects.filter(pk__in=refs).select_related(
+            "tenant", "tier", "bid__order"
+        )
     }
+    orders = _orders(allocations.values(), now=now)
     placed_for = _gpus_placed_now(now)
     verdicts: dict[int, Verdict] = {}
     # allocation id -> gpu id -> observations allowed so far (before the GPU-count rule)
@@ -118,12 +144,16 @@ def verdicts(
         lambda: defaultdict(list)
     )
     for o in observations:
-        verdict = _verdict_alone(o, allocations.get(o.allocation_ref), capped=capped, now=now)
+        verdict = _verdict_alone(
+            o, allocations.get(o.allocation_ref), capped=capped, orders=orders, now=now
+        )
         if verdict.want == RUN:
             verdict = _verdict_placed(o, verdict, placed_for)
         verdicts[o.pk] = verdict
         if verdict.want == RUN:
-            candidates[verdict.allocation.pk][o.gpu_id].append(o)  # type: ignore[union-attr]
+            assert verdict.allocation is not None
+            allocations.setdefault(verdict.allocation.pk, verdict.allocation)  # a later window
+            candidates[verdict.allocation.pk][o.gpu_id].append(o)
     for allocation_id, by_gpu in candidates.items():
         allocation = allocations[allocation_id]
         if len(by_gpu) <= allocation.gpus:
@@ -149,6 +179,93 @@ def verdicts(
     return verdicts
 
 
+def _orders(allocations: Iterable[Allocation], *, now: datetime) -> Orders:
+    order_ids = {a.bid.order_id for a in allocations if a.bid.order_id is not None}
+    if not order_ids:
+        return Orders(live={}, pending=set())
+    live: dict[int, list[Allocation]] = defaultdict(list)
+    for allocation in (
+        Allocation.objects.filter(
+            bid__order_id__in=order_ids,
+            status__in=(Allocation.Status.ACTIVE, Allocation.Status.PAUSED),
+            starts_at__lte=now,
+            ends_at__gt=now,
+        )
+        .select_related("tenant", "tier", "bid__order")
+        .order_by("pk")
+    ):
+        live[allocation.bid.order_id].append(allocation)
+    pending = set(
+        Bid.objects.filter(order_id__in=order_ids, status=Bid.Status.OPEN).values_list(
+            "order_id", "round__starts_at"
+        )
+    )
+    return Orders(live=dict(live), pending=pending)
+
+
+def _continuation(
+    o: ProcessObservation, allocation: Allocation, orders: Orders
+) -> Allocation | None:
+    """The live allocation of the same standing order that this process runs on: placed on
+    its GPU, or (not placed) on its GPU's tier."""
+    for later in orders.live.get(allocation.bid.order_id, []):
+        if later.placement:
+            if any(g["uuid"] == o.gpu.uuid for g in later.placement):
+                return later
+        elif later.tier_id == o.gpu.tier_id:
+            return later
+    return None
+
+
+def _order_ended_verdict(
+    o: ProcessObservation, allocation: Allocation, *, orders: Orders, ended: str
+) -> Verdict | None:
+    """Work of a standing order whose window ended: None when it is not an order's (the
+    plain rule applies); otherwise the order's next window decides. It runs on while the
+    order's bid for the next window is being cleared; it is suspended when the order lost
+    (or was paused), terminated when the order ended or now runs on other GPUs."""
+    order = allocation.bid.order
+    if order is None:
+        return None
+    pk, tenant, grace = allocation.pk, allocation.tenant, settings.GPUMARKET_PREEMPT_GRACE_SECONDS
+    if (order.pk, allocation.ends_at) in orders.pending and order.live:
+        return Verdict(
+            RUN,
+            f"allocation {pk} {ended}; order {order.pk}'s bid for the next window is being "
+            "cleared, and its work runs on meanwhile",
+            allocation,
+            tenant,
+        )
+    elsewhere = orders.live.get(order.pk)
+    if elsewhere:
+        return Verdict(
+            Action.TERMINATE,
+            f"order {order.pk} now runs on allocation {elsewhere[0].pk} on other GPUs; this "
+            f"copy gets {grace}s to checkpoint, then stops, and `gpumarket run --order "
+            f"{order.pk}` starts it there",
+            allocation,
+            tenant,
+        )
+    if order.live:
+        why = "is paused" if order.status == order.Status.PAUSED else "did not win this window"
+        return Verdict(
+            Action.SUSPEND,
+            f"allocation {pk} {ended} and order {order.pk} {why}: checkpoint signal "
+            f"({settings.GPUMARKET_CHECKPOINT_SIGNAL}), {grace}s, then suspended with its GPUs "
+            "released; it resumes when the order wins again",
+            allocation,
+            tenant,
+        )
+    return Verdict(
+        Action.TERMINATE,
+        f"allocation {pk} {ended} and order {order.pk} is {order.status}"
+        f"{': ' + order.status_reason if order.status_reason else ''}; stopped after {grace}s "
+        "to checkpoint",
+        allocation,
+        tenant,
+    )
+
+
 def _gpus_placed_now(now: datetime) -> dict[str, int]:
     """{GPU uuid: allocation id} of the live allocations placed on GPUs now."""
     rows = (
@@ -170,14 +287,15 @@ def _verdict_placed(o: ProcessObservation, verdict: Verdict, placed_for: dict[st
     allocation = verdict.allocation
     assert allocation is not None
     pk, tenant, where = allocation.pk, allocation.tenant, f"{o.node.name}/{o.gpu.index}"
+    started = verdict.started_for or allocation
     if allocation.placement:
         here = [g["uuid"] for g in allocation.placement if g["node"] == o.node.name]
         if not launch_token_valid(
             o.launch_token or None,
-            secret=allocation.launch_secret,
-            allocation_id=pk,
+            secret=started.launch_secret,
+            allocation_id=started.pk,
             node=o.node.name,
-            uuids=here,
+            uuids=[g["uuid"] for g in started.placement if g["node"] == o.node.name],
         ):
             why = (
                 "carries no launch token"
@@ -216,6 +334,7 @@ def _verdict_alone(
     allocation: Allocation | None,
     *,
     capped: dict[int, Budget],
+    orders: Orders,
     now: datetime,
 ) -> Verdict:
     if o.allocation_ref is None:
@@ -235,6 +354,14 @@ def _verdict_alone(
             if allocation.status in _ENDED
             else f"ended at {allocation.ends_at:%Y-%m-%d %H:%M:%S} UTC"
         )
+        if allocation.status != Allocation.Status.REVOKED and allocation.bid.order_id:
+            later = _continuation(o, allocation, orders)
+            if later is not None:
+                verdict = _verdict_alone(o, later, capped=capped, orders=orders, now=now)
+                return replace(verdict, started_for=allocation)
+            verdict = _order_ended_verdict(o, allocation, orders=orders, ended=ended)
+            if verdict is not None:
+                return verdict
         return Verdict(
             Action.TERMINATE,
             f"allocation {allocation.pk} {ended}; preempted with "
