@@ -8,12 +8,14 @@ come back as form errors.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC
 from typing import Any
 
 from django import forms
 
 from market.errors import MarketError
 from market.models import Tier
+from market.orders import SECONDS_PER_HOUR
 from market.services.tiers import TIER_FIELDS, tier_changes_validate, tier_slug_validate
 from tenants.forms import CreditsField
 from tenants.models import Campaign
@@ -124,3 +126,155 @@ class TierCreateForm(TierForm):
         data = super().clean()
         service_checked(tier_slug_validate, data.get("slug", ""))
         return data
+
+
+def value_field_name(tier: Tier) -> str:
+    return f"value_{tier.slug}"
+
+
+# The services name the field a refusal is about first ("ceiling: ..."); the edges show it
+# next to the field the person typed, which for the restart is in minutes, not seconds.
+_SERVICE_FIELDS = {"restart_seconds": "restart_minutes", "gpu_hours": "gpu_hours"}
+_ORDER_FIELDS = (
+    "name",
+    "values",
+    "gpus",
+    "min_gpus",
+    "gpu_hours",
+    "ceiling",
+    "deadline",
+    "restart_seconds",
+    "campaign",
+    "command",
+    "slurm_job",
+)
+
+
+def order_error_field(message: str) -> str | None:
+    """The edge's field a service refusal of an order names first, or None."""
+    head = message.split(":", 1)[0].split(" ", 1)[0].strip()
+    if head not in _ORDER_FIELDS:
+        return None
+    return _SERVICE_FIELDS.get(head, head)
+
+
+class OrderForm(forms.Form):
+    """A standing order as typed: values in credits per GPU-hour, GPU-hours as hours, the
+    ceiling in credits, the restart in minutes; ``terms()`` hands the services their units."""
+
+    name = forms.CharField(max_length=120, help_text="e.g. the run it drives")
+    gpus = forms.IntegerField(
+        min_value=1, initial=1, label="GPUs", help_text="Asked for each round."
+    )
+    min_gpus = forms.IntegerField(
+        min_value=1,
+        required=False,
+        label="Minimum GPUs (gang)",
+        help_text="All or nothing below this many; empty = all of them (a rigid gang), 1 = any number helps.",
+    )
+    gpu_hours = forms.DecimalField(
+        min_value=0.001,
+        max_digits=12,
+        decimal_places=3,
+        required=False,
+        label="GPU-hours wanted",
+        help_text="Empty = until cancelled.",
+    )
+    ceiling = CreditsField(
+        label="Spend ceiling (credits)", help_text="The most it may spend in all."
+    )
+    deadline = forms.DateTimeField(
+        required=False,
+        label="Deadline (UTC)",
+        help_text="Optional: it stops bidding then. e.g. 2030-01-09 18:00",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+    )
+    restart_minutes = forms.IntegerField(
+        min_value=0,
+        max_value=24 * 60,
+        initial=5,
+        label="Restart minutes",
+        help_text="Work lost each time it is stopped or moved (back to its last checkpoint).",
+    )
+    campaign = forms.ModelChoiceField(
+        queryset=Campaign.objects.none(), required=False, empty_label="No campaign"
+    )
+    command = forms.CharField(
+        max_length=1000,
+        required=False,
+        help_text="What `gpumarket run --order` starts on its GPUs, e.g. python train.py",
+    )
+    slurm_job = forms.CharField(
+        max_length=64, required=False, label="Slurm job", help_text="Or the Slurm job it drives."
+    )
+
+    def __init__(self, *args, tiers, campaigns=None, editing: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tiers = list(tiers)
+        for tier in self.tiers:
+            self.fields[value_field_name(tier)] = CreditsField(
+                required=False,
+                label=f"Value on {tier.name} ({tier.slug})",
+                help_text="Most it pays, credits per GPU-hour; empty = this tier will not do.",
+            )
+        if campaigns is None or editing:
+            del self.fields["campaign"]
+        else:
+            self.fields["campaign"].queryset = campaigns
+        if editing:
+            # Campaign, command and Slurm job are set when the order is made.
+            for name in ("command", "slurm_job"):
+                del self.fields[name]
+
+    def value_fields(self):
+        return [self[value_field_name(t)] for t in self.tiers]
+
+    def clean(self):
+        cleaned = super().clean()
+        if not any(cleaned.get(value_field_name(t)) for t in self.tiers) and not any(
+            value_field_name(t) in self.errors for t in self.tiers
+        ):
+            raise forms.ValidationError(
+                "Give a value for at least one tier: the most the order pays per GPU-hour there."
+            )
+        gpus, min_gpus = cleaned.get("gpus"), cleaned.get("min_gpus")
+        if gpus and min_gpus and min_gpus > gpus:
+            self.add_error("min_gpus", f"At most the GPUs asked for ({gpus}).")
+        deadline = cleaned.get("deadline")
+        if deadline is not None and deadline.tzinfo is None:
+            cleaned["deadline"] = deadline.replace(tzinfo=UTC)
+        return cleaned
+
+    def values(self) -> dict[str, int]:
+        """{tier slug: milli-credits per GPU-hour} for the tiers given a value."""
+        return {
+            t.slug: self.cleaned_data[value_field_name(t)]
+            for t in self.tiers
+            if self.cleaned_data.get(value_field_name(t))
+        }
+
+    def terms(self) -> dict[str, Any]:
+        """The services' arguments (milli-credits, GPU-seconds, seconds)."""
+        data = self.cleaned_data
+        hours = data.get("gpu_hours")
+        terms = {
+            "name": data["name"],
+            "values": self.values(),
+            "gpus": data["gpus"],
+            "min_gpus": data.get("min_gpus"),
+            "gpu_seconds_wanted": None if hours is None else int(hours * SECONDS_PER_HOUR),
+            "ceiling": data["ceiling"],
+            "deadline": data.get("deadline"),
+            "restart_seconds": data["restart_minutes"] * 60,
+        }
+        for name in ("campaign", "command", "slurm_job"):
+            if name in self.fields:
+                terms[name] = data.get(name) or ("" if name != "campaign" else None)
+        return terms
+
+    def service_error(self, message: str) -> None:
+        """A service's refusal, next to the field it names (or above the form)."""
+        field = order_error_field(message)
+        if field == "values" and self.tiers:
+            field = None
+        self.add_error(field if field in self.fields else None, message)

@@ -11,7 +11,8 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from market.bid_guidance import TierGuide
-from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
+from market.foresight import Foresight, foresee
+from market.models import Allocation, Bid, BidLimit, Order, OrderLimit, PolicyVersion, Round, Tier
 from tenants.access import access_object, scoped
 from tenants.models import Budget, Campaign, Tenant, Transfer
 
@@ -226,3 +227,85 @@ def tier_guides(*, rnd: Round) -> list[TierGuide]:
             )
         )
     return guides
+
+
+# Standing orders ---------------------------------------------------------------------------
+
+FORESIGHT_ROUNDS = 48
+
+
+def _with_order_limits(qs: QuerySet[Order]) -> QuerySet[Order]:
+    return qs.select_related("campaign", "author").prefetch_related(
+        Prefetch(
+            "limits", queryset=OrderLimit.objects.select_related("tier").order_by("tier__slug")
+        )
+    )
+
+
+def orders_with_limits() -> QuerySet[Order]:
+    """Every order with its campaign, author and values; scope it to a tenant before use."""
+    return _with_order_limits(Order.objects.all())
+
+
+def orders_for_tenant(*, tenant: Tenant, status: str | None = None) -> QuerySet[Order]:
+    qs = scoped(Order.objects.all(), tenant=tenant)
+    if status is not None:
+        qs = qs.filter(status=status)
+    return _with_order_limits(qs).order_by("-created_at", "-id")
+
+
+def order_get(*, tenant: Tenant, order_id: object) -> Order:
+    """The tenant's order, or Http404 (another tenant's order looks missing)."""
+    return access_object(_with_order_limits(Order.objects.all()), tenant=tenant, pk=order_id)
+
+
+def order_bids(*, order: Order, limit: int = 50) -> list[Bid]:
+    """The order's bids, newest round first, each with its round, limits and allocations:
+    one per round it bid in, with the outcome and its reason once settled."""
+    return list(
+        Bid.objects.filter(order=order)
+        .select_related("round")
+        .prefetch_related(_limits(), Prefetch("allocations", queryset=_allocations_tier()))
+        .order_by("-round__starts_at", "-id")[:limit]
+    )
+
+
+def _allocations_tier() -> QuerySet[Allocation]:
+    return Allocation.objects.select_related("tier").order_by("tier__slug")
+
+
+def order_allocation_current(*, order: Order, at: datetime | None = None) -> Allocation | None:
+    """The allocation the order's work runs on now: active, its window containing ``at``."""
+    at = at or timezone.now()
+    return (
+        Allocation.objects.filter(
+            bid__order=order,
+            status=Allocation.Status.ACTIVE,
+            starts_at__lte=at,
+            ends_at__gt=at,
+        )
+        .select_related("tier")
+        .order_by("-starts_at", "id")
+        .first()
+    )
+
+
+def order_foresight(*, order: Order, now: datetime | None = None) -> Foresight:
+    """What the last rounds' clearing prices say of the order's chances, ETA and, with a
+    deadline, the value it needs (market/foresight.py)."""
+    now = now or timezone.now()
+    policy = policy_active_get()
+    window = (policy.round_minutes if policy else 60) * 60
+    values = {limit.tier.slug: limit.price for limit in order.limits.all()}
+    remaining = None
+    if order.gpu_seconds_wanted is not None:
+        remaining = max(order.gpu_seconds_wanted - order.gpu_seconds, 0)
+    return foresee(
+        prices=[row["prices"] for row in price_history(limit=FORESIGHT_ROUNDS)],
+        values=values,
+        gpus=order.gpus,
+        remaining_gpu_seconds=remaining,
+        window_seconds=window,
+        now=now,
+        deadline=order.deadline if order.live else None,
+    )
