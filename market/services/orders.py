@@ -858,6 +858,38 @@ def orders_settle(
     return preemptions
 
 
+def orders_unsettle(*, rnd: Round, allocations: list[Allocation], now: datetime) -> None:
+    """A voided round's part, in its transaction: what its allocations gave the orders (GPU-
+    seconds, spend, a round won) is taken back; an order that was done only by this round
+    is active again and bids from the next round on."""
+    seconds = window_seconds(rnd)
+    gave: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    order_of = dict(
+        Bid.objects.filter(round=rnd, order__isnull=False).values_list("pk", "order_id")
+    )
+    for allocation in allocations:
+        order_id = order_of.get(allocation.bid_id)
+        if order_id is not None:
+            gave[order_id][0] += allocation.gpus * seconds
+            gave[order_id][1] += allocation.charge
+    orders = list(Order.objects.select_for_update().filter(pk__in=list(gave)).order_by("pk"))
+    for order in orders:
+        gpu_seconds, charge = gave[order.pk]
+        order.gpu_seconds = max(order.gpu_seconds - gpu_seconds, 0)
+        order.spent = max(order.spent - charge, 0)
+        order.rounds_won = max(order.rounds_won - 1, 0)
+        if order.status == Order.Status.DONE and order.gpu_seconds < (
+            order.gpu_seconds_wanted or 0
+        ):
+            order.status, order.ended_at = Order.Status.ACTIVE, None
+            order.status_reason = f"active again: round {rnd.pk}, which had finished it, was voided"
+        order.updated_at = now
+    rows_update(
+        orders,
+        ["gpu_seconds", "spent", "rounds_won", "status", "status_reason", "ended_at", "updated_at"],
+    )
+
+
 def _gpus(won: dict[str, int]) -> str:
     return ", ".join(f"{gpus} x {slug}" for slug, gpus in sorted(won.items()))
 

@@ -28,6 +28,7 @@ from core.rows import rows_update
 from market.errors import MarketError
 from market.models import Allocation, Bid, Round
 from market.services._common import bids_locked, now_or, round_locked, round_notices_send
+from market.services.orders import orders_unsettle
 from tenants.errors import TenantError
 from tenants.ledger import TransferOrder, credits, transfer_execute_many
 from tenants.models import Notification, Tenant, Transfer
@@ -277,6 +278,7 @@ def round_void(
         reason=f"round {rnd.pk} voided: {reason}",
         now=now_or(now),
     )
+    orders_unsettle(rnd=rnd, allocations=allocations, now=now_or(now))
     revoked = [a.pk for a in allocations if a.status != Allocation.Status.REVOKED]
     Allocation.objects.filter(pk__in=revoked).update(status=Allocation.Status.REVOKED)
     reserved = [a.pk for a in allocations if a.pk in set(revoked) and a.placement]

@@ -354,7 +354,7 @@ def _verdict_alone(
             if allocation.status in _ENDED
             else f"ended at {allocation.ends_at:%Y-%m-%d %H:%M:%S} UTC"
         )
-        if allocation.status != Allocation.Status.REVOKED and allocation.bid.order_id:
+        if allocation.bid.order_id:
             later = _continuation(o, allocation, orders)
             if later is not None:
                 verdict = _verdict_alone(o, later, capped=capped, orders=orders, now=now)

@@ -21,6 +21,7 @@ from market.services import (
     order_pause,
     order_resume,
     orders_bid,
+    round_void,
     rounds_tick,
 )
 from tenants.budgets import budget_set
@@ -321,4 +322,21 @@ def test_a_thousand_orders_bid_in_one_opening_in_bulk(market):
     # Set-based: the statements do not grow with the orders (a bid each would be thousands).
     assert len(queries) < 60
     assert orders_bid(round_id=rnd.pk, now=T0).bids == []  # a second pass adds nothing
+    assert ledger_verify() == []
+
+
+def test_voiding_a_round_takes_back_what_it_gave_the_order(market, team):
+    order = _order(team, gpus=2, gpu_seconds_wanted=2 * HOUR)
+    _windows(market, 1)
+    order.refresh_from_db()
+    assert order.status == Order.Status.DONE
+    settled = Round.objects.get(status="settled")
+    round_void(round=settled, actor=market.admin, reason="the a100 nodes were down")
+    order.refresh_from_db()
+    assert (order.gpu_seconds, order.spent, order.rounds_won) == (0, 0, 0)
+    assert order.status == Order.Status.ACTIVE
+    assert "voided" in order.status_reason
+    # It bids again from the next opening.
+    orders_bid(round_id=market.round.pk, now=market.round.opens_at)
+    assert Bid.objects.filter(order=order, round=market.round, status="open").exists()
     assert ledger_verify() == []
