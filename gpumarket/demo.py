@@ -2,8 +2,9 @@
 
 SQLite under ``var/``, the file-based broker, one Celery worker with beat embedded, two
 simulated nodes (real OS processes standing in for GPU jobs), and Django's development
-server. Demo tenants bid every round on their own, so the market pages fill up; one process
-on the second node runs without an allocation, so the enforcement loop pauses it.
+server. The demo teams' standing orders bid in every round, so the market pages fill up, and
+each order's allocation gets a simulated job that keeps running across the rounds it wins;
+one process on the second node runs without an allocation, so the enforcement loop pauses it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 logger = logging.getLogger("gpumarket.demo")
@@ -122,7 +125,7 @@ def _seed(var: Path) -> dict[str, str]:
     from django.contrib.auth import get_user_model
     from django.db import transaction
 
-    from market.demo import demo_market_seed
+    from market.demo import demo_market_seed, demo_orders_seed
     from market.models import Tier
     from telemetry.models import Node
     from telemetry.services import node_register
@@ -155,6 +158,7 @@ def _seed(var: Path) -> dict[str, str]:
                 member_add(
                     tenant=tenant, username=username, role=role, actor=admin, password=DEMO_PASSWORD
                 )
+    demo_orders_seed()
     token_file = var / "demo-node-tokens.json"
     saved = json.loads(token_file.read_text()) if token_file.exists() else {}
     tokens = {}
@@ -175,68 +179,71 @@ def _seed(var: Path) -> dict[str, str]:
     return tokens
 
 
-def _bot_loop(stop: threading.Event, spawn_work, interval: float) -> None:
-    """Demo tenants bid in every open round; each new allocation gets a simulated job."""
+@dataclass
+class Jobs:
+    """The demo's simulated jobs: at most one live process per (order, node), as
+    `gpumarket run --order` keeps one. An order that wins the next round on the same GPUs
+    keeps its process (the enforcement loop suspends it in a lost round and resumes it on a
+    win); only a process that has exited, or was terminated, is started again. Work on a
+    hand-placed bid's allocation is started once per (allocation, node)."""
+
+    spawn: Callable[..., subprocess.Popen]
+    procs: dict[tuple[str, int, str], subprocess.Popen] = field(default_factory=dict)
+
+    def needs(self, key: tuple[str, int, str]) -> bool:
+        """Whether ``key`` (kind "order" or "allocation", its id, node) needs a job started:
+        it has none live, and, for a hand-placed bid's allocation, none has run yet."""
+        proc = self.procs.get(key)
+        if proc is None:
+            return True
+        return key[0] == "order" and proc.poll() is not None
+
+    def start(self, key: tuple[str, int, str], extra_env: dict[str, str]) -> None:
+        self.procs[key] = self.spawn(key[2], None, duty=0.3, extra_env=extra_env)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+
+
+def _jobs_start(jobs: Jobs, *, now: datetime) -> None:
+    """Start the job each active, placed allocation needs on each of its nodes, with the
+    launch environment the API hands `gpumarket run` (the same service)."""
+    from market.errors import MarketError
+    from market.models import Allocation
+    from market.services.launch import allocation_launch, placement_by_node
+
+    for allocation in (
+        Allocation.objects.filter(
+            status=Allocation.Status.ACTIVE, starts_at__lte=now, ends_at__gt=now
+        )
+        .select_related("tier", "bid")
+        .order_by("pk")
+    ):
+        order_id = allocation.bid.order_id
+        for node in placement_by_node(allocation):
+            key = ("order", order_id, node) if order_id else ("allocation", allocation.pk, node)
+            if not jobs.needs(key):
+                continue
+            try:
+                launch = allocation_launch(allocation=allocation, node=node, now=now)
+            except MarketError as exc:
+                logger.info("no job on %s for allocation %s: %s", node, allocation.pk, exc)
+                continue
+            jobs.start(key, launch.env)
+
+
+def _work_loop(stop: threading.Event, jobs: Jobs, interval: float) -> None:
     from django.db import close_old_connections
     from django.utils import timezone
-
-    from market.errors import MarketError
-    from market.models import Allocation, Bid, Round
-    from tenants.models import Membership
-
-    started: set[int] = set()
-    bids = {  # username -> (quantity, gang minimum, limits in milli-credits per GPU-hour)
-        "ana": (4, 2, {"h100-nvlink": 6000, "a100": 2500}),
-        "bea": (3, 0, {"h100-nvlink": 4000, "a100": 3500}),
-        "alice": (2, 0, {"a100": 1800, "preemptible": 600}),
-        "bob": (6, 0, {"h100-nvlink": 2500, "preemptible": 400}),
-    }
-    from market.services import bid_place
-    from market.services.launch import allocation_launch, placement_by_node
 
     while not stop.wait(interval):
         close_old_connections()
         try:
-            now = timezone.now()
-            rnd = (
-                Round.objects.filter(status=Round.Status.OPEN, closes_at__gt=now)
-                .order_by("closes_at")
-                .first()
-            )
-            if rnd is not None:
-                for membership in Membership.objects.select_related("user", "tenant"):
-                    username = membership.user.username
-                    if (
-                        username not in bids
-                        or Bid.objects.filter(round=rnd, author=membership.user).exists()
-                    ):
-                        continue
-                    quantity, minimum, limits = bids[username]
-                    try:
-                        bid_place(
-                            user=membership.user,
-                            tenant=membership.tenant,
-                            round=rnd,
-                            quantity=quantity,
-                            min_quantity=minimum,
-                            limits=limits,
-                            idempotency_key=f"demo-{rnd.pk}-{username}",
-                        )
-                    except MarketError as exc:
-                        logger.info("demo bid by %s refused: %s", username, exc)
-            for allocation in Allocation.objects.filter(
-                status=Allocation.Status.ACTIVE, starts_at__lte=now, ends_at__gt=now
-            ).select_related("tier"):
-                if allocation.pk in started:
-                    continue
-                started.add(allocation.pk)
-                # Started as `gpumarket run` would: on the GPUs settlement placed it on, with
-                # the launch token the API hands out (the same service), one job per node.
-                for node in placement_by_node(allocation):
-                    launch = allocation_launch(allocation=allocation, node=node, now=now)
-                    spawn_work(node, None, duty=0.3, extra_env=launch.env)
-        except Exception:  # noqa: BLE001 - the demo's bots must not take the server down
-            logger.exception("demo bot iteration failed")
+            _jobs_start(jobs, now=timezone.now())
+        except Exception:  # noqa: BLE001 - the demo's job starter must not take the server down
+            logger.exception("demo job start failed")
 
 
 def _round_lines(stop: threading.Event, interval: float = 2.0) -> None:
@@ -284,7 +291,9 @@ def _round_lines(stop: threading.Event, interval: float = 2.0) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpumarket demo", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--no-bots", action="store_true", help="do not place demo bids")
+    parser.add_argument(
+        "--no-jobs", action="store_true", help="do not start simulated jobs on allocations"
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("DEBUG", "1")
@@ -371,10 +380,9 @@ def main(argv: list[str]) -> int:
     # Work with no allocation behind it: the enforcement loop pauses it within a few ticks.
     work = [spawn_simulated_work("sim-node-b", 3, duty=0.4)]
     stop = threading.Event()
-    if not args.no_bots:
-        threading.Thread(
-            target=_bot_loop, args=(stop, spawn_simulated_work, 5.0), daemon=True
-        ).start()
+    jobs = Jobs(spawn=spawn_simulated_work)
+    if not args.no_jobs:
+        threading.Thread(target=_work_loop, args=(stop, jobs, 5.0), daemon=True).start()
 
     threading.Thread(target=_round_lines, args=(stop,), daemon=True).start()
     threading.Thread(target=_supervise, args=(stop, children), daemon=True).start()
@@ -398,5 +406,6 @@ def main(argv: list[str]) -> int:
         stop.set()
         for proc in work:
             proc.terminate()
+        jobs.stop()
         children.stop()
     return 0

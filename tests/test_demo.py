@@ -2,7 +2,9 @@
 
 Runs the real command (SQLite, the file broker, worker with beat, two simulated agents) in a
 temporary folder and reads what a visitor would see: the login page, both simulated nodes
-reporting, and the enforcement loop pausing the process that has no allocation.
+reporting, the enforcement loop pausing the process that has no allocation, and the demo
+teams' standing orders bidding in the rounds with nothing else placing bids. Its seed is
+also run on its own against the test database: the orders are made once and win rounds.
 """
 
 from __future__ import annotations
@@ -10,12 +12,21 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
+import pytest
 import requests
+from django.utils import timezone
 
+from gpumarket import demo
+from market.demo import DEMO_ORDERS
+from market.models import Bid, Order, Round, Tier
+from market.services.tick import rounds_tick
+from market.services.tiers import tier_capacity_set
 from tests.conftest import ROOT, free_port
 
 
@@ -89,7 +100,20 @@ def test_demo_serves_the_site_and_its_simulated_nodes_report_and_get_enforced(tm
         assert "/api/v1/telemetry/ingest" not in output
         web_log = (tmp_path / "var" / "logs" / "web.log").read_text()
         assert "/api/v1/telemetry/ingest" in web_log
-        assert (tmp_path / "var" / "gpumarket.sqlite3").exists()
+        database = tmp_path / "var" / "gpumarket.sqlite3"
+        assert database.exists()
+        orders, bids = _orders_and_bids(database, deadline)
+        assert {team for team, _name, _deadline, _gang in orders} == {
+            "Vision Lab",
+            "Language Group",
+        }
+        for team in ("Vision Lab", "Language Group"):
+            mine = [o for o in orders if o[0] == team]
+            assert 2 <= len(mine) <= 3, orders
+        assert any(has_deadline for _t, _n, has_deadline, _g in orders), orders
+        assert any(gang for _t, _n, _d, gang in orders), orders
+        # The rounds' bids are the orders' own: no bot places any.
+        assert bids and all(order_id is not None for _round, order_id in bids), bids
     finally:
         os.killpg(demo.pid, signal.SIGINT)
         try:
@@ -98,3 +122,49 @@ def test_demo_serves_the_site_and_its_simulated_nodes_report_and_get_enforced(tm
             os.killpg(demo.pid, signal.SIGKILL)
             demo.wait(timeout=10)
         log.close()
+
+
+def _orders_and_bids(database, deadline):
+    """(team, name, has a deadline, is a gang) of every order, and (round, order) of every
+    bid, read from the demo's database once a round has the orders' bids."""
+    with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=30) as db:
+        while True:
+            orders = db.execute(
+                "SELECT t.name, o.name, o.deadline IS NOT NULL, o.min_gpus > 1 "
+                "FROM market_order o JOIN tenants_tenant t ON t.id = o.tenant_id"
+            ).fetchall()
+            bids = db.execute("SELECT round_id, order_id FROM market_bid").fetchall()
+            if bids or time.monotonic() > deadline:
+                return orders, bids
+            time.sleep(1)
+
+
+@pytest.mark.django_db
+def test_the_demo_seed_makes_each_teams_orders_once_and_they_win_rounds(tmp_path):
+    now = timezone.now()
+    demo._seed(tmp_path)
+    demo._seed(tmp_path)  # every start seeds again
+
+    orders = list(Order.objects.select_related("tenant").order_by("pk"))
+    assert sorted(o.tenant.name for o in orders) == sorted(spec.tenant for spec in DEMO_ORDERS)
+    for team in ("Vision Lab", "Language Group"):
+        mine = [o for o in orders if o.tenant.name == team]
+        assert 2 <= len(mine) <= 3
+        assert any(o.deadline is not None for o in mine)
+        assert any(o.min_gpus > 1 for o in mine)
+    for order in orders:
+        if order.deadline is not None:
+            assert now + timedelta(hours=12) < order.deadline < now + timedelta(days=2)
+
+    # The capacity the demo's simulated nodes report for their tiers (telemetry sets it).
+    for _node, slug, gpus in demo.NODES:
+        tier_capacity_set(tier=Tier.objects.get(slug=slug), capacity=gpus)
+    opened = rounds_tick(now=now)
+    rnd = Round.objects.get(pk=opened.open_round)
+    assert sorted(rnd.bids.values_list("order_id", flat=True)) == [o.pk for o in orders]
+
+    rounds_tick(now=rnd.closes_at + timedelta(seconds=1))
+
+    won = Bid.objects.filter(round=rnd, status=Bid.Status.WON)
+    assert sorted(won.values_list("order_id", flat=True)) == [o.pk for o in orders]
+    assert Order.objects.filter(status=Order.Status.ACTIVE).count() == len(orders)
