@@ -15,7 +15,13 @@ from drf_spectacular.views import (
 from rest_framework.routers import DefaultRouter
 
 from audit.api.views import AuditEventViewSet
-from market.api.views import AllocationViewSet, BidViewSet, RoundViewSet, TierViewSet
+from market.api.views import (
+    AllocationViewSet,
+    BidViewSet,
+    OrderViewSet,
+    RoundViewSet,
+    TierViewSet,
+)
 from planning.api.views import PlannedCampaignViewSet, ScenarioViewSet
 from telemetry.api.views import AllocationPaceView
 from tenants.api.views import (
@@ -39,6 +45,7 @@ router.register("tiers", TierViewSet, basename="tier")
 router.register("rounds", RoundViewSet, basename="round")
 router.register("bids", BidViewSet, basename="bid")
 router.register("allocations", AllocationViewSet, basename="allocation")
+router.register("orders", OrderViewSet, basename="order")
 router.register("ledger", LedgerViewSet, basename="transfer")
 router.register("budgets", BudgetViewSet, basename="budget")
 router.register("campaigns", CampaignViewSet, basename="campaign")

@@ -274,10 +274,13 @@ def _allocations_tier() -> QuerySet[Allocation]:
     return Allocation.objects.select_related("tier").order_by("tier__slug")
 
 
-def order_allocation_current(*, order: Order, at: datetime | None = None) -> Allocation | None:
-    """The allocation the order's work runs on now: active, its window containing ``at``."""
+def order_allocation_current(
+    *, order: Order, node: str | None = None, at: datetime | None = None
+) -> Allocation | None:
+    """The allocation the order's work runs on now (active, its window containing ``at``);
+    with ``node``, the one placed on that node."""
     at = at or timezone.now()
-    return (
+    current = (
         Allocation.objects.filter(
             bid__order=order,
             status=Allocation.Status.ACTIVE,
@@ -286,14 +289,19 @@ def order_allocation_current(*, order: Order, at: datetime | None = None) -> All
         )
         .select_related("tier")
         .order_by("-starts_at", "id")
-        .first()
     )
+    for allocation in current:
+        if node is None or any(gpu["node"] == node for gpu in allocation.placement or []):
+            return allocation
+    return None
 
 
 def order_foresight(*, order: Order, now: datetime | None = None) -> Foresight:
     """What the last rounds' clearing prices say of the order's chances, ETA and, with a
     deadline, the value it needs (market/foresight.py)."""
     now = now or timezone.now()
+    if not order.live:
+        return Foresight(0, None, None, None, f"the order is {order.get_status_display().lower()}")
     policy = policy_active_get()
     window = (policy.round_minutes if policy else 60) * 60
     values = {limit.tier.slug: limit.price for limit in order.limits.all()}
@@ -307,5 +315,5 @@ def order_foresight(*, order: Order, now: datetime | None = None) -> Foresight:
         remaining_gpu_seconds=remaining,
         window_seconds=window,
         now=now,
-        deadline=order.deadline if order.live else None,
+        deadline=order.deadline,
     )

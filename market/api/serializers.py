@@ -6,11 +6,13 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core.api import StrictIntegerField
-from market.models import Allocation, Bid, PolicyVersion, Round, Tier
+from core.api import StrictCharField, StrictFloatField, StrictIntegerField
+from market.models import Allocation, Bid, Order, PolicyVersion, Round, Tier
+from market.orders import SECONDS_PER_HOUR
+from market.selectors import order_foresight
 from market.services._common import MAX_GPUS, MAX_PRICE
 from market.services.launch import ready_commands
-from tenants.api.money import CreditsField, CreditsInputField, positive_pattern
+from tenants.api.money import CreditsField, CreditsInputField, credits_text, positive_pattern
 from tenants.ledger import MILLI
 
 MOST_PRICE_CREDITS = MAX_PRICE // MILLI
@@ -267,3 +269,204 @@ class LaunchSerializer(serializers.Serializer):
 class AllocationFilterSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=Allocation.Status.choices, required=False)
     round = serializers.IntegerField(min_value=1, required=False)
+
+
+# Standing orders ---------------------------------------------------------------------------
+
+MOST_CEILING_CREDITS = 10**12  # the ledger's largest amount, in credits
+MOST_GPU_HOURS = 10**8
+MOST_RESTART_MINUTES = 24 * 60
+
+
+@extend_schema_field(
+    {
+        "type": "string",
+        "format": "decimal",
+        "pattern": positive_pattern(MOST_CEILING_CREDITS),
+        "example": "250",
+        "description": "Credits, more than 0, with at most three decimals.",
+    }
+)
+class CeilingInputField(CreditsInputField):
+    """An order's spend ceiling, in credits."""
+
+    most_credits = MOST_CEILING_CREDITS
+
+
+class ForesightSerializer(serializers.Serializer):
+    rounds = serializers.IntegerField(help_text="Recent rounds the estimate looks at.")
+    win_rate = serializers.FloatField(
+        allow_null=True,
+        help_text="Share of those rounds the order's values would have won (null: none yet).",
+    )
+    windows_needed = serializers.IntegerField(
+        allow_null=True, help_text="Windows it must still win (null: runs until cancelled)."
+    )
+    eta = serializers.DateTimeField(allow_null=True, help_text="When it should finish.")
+    eta_reason = serializers.CharField(help_text="Why there is no ETA (empty when there is).")
+    needed_value = CreditsField(
+        allow_null=True,
+        help_text="With a deadline: the lowest value, credits per GPU-hour, at which the recent "
+        "rounds would have let it finish in time (null: see needed_reason).",
+    )
+    needed_reason = serializers.CharField()
+
+
+class GpuHoursField(serializers.FloatField):
+    """GPU-seconds inside, GPU-hours (a number) out."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs["read_only"] = True
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: int) -> float:
+        return round(int(value) / SECONDS_PER_HOUR, 6)
+
+
+class OrderSerializer(serializers.ModelSerializer):
+    values = serializers.SerializerMethodField(
+        help_text="The most it pays per acceptable tier slug, credits per GPU-hour."
+    )
+    gpu_hours_wanted = GpuHoursField(
+        source="gpu_seconds_wanted",
+        allow_null=True,
+        help_text="GPU-hours it wants in all; null: until cancelled.",
+    )
+    gpu_hours = GpuHoursField(source="gpu_seconds", help_text="GPU-hours received so far.")
+    ceiling = CreditsField(help_text="The most it may spend in all, credits.")
+    spent = CreditsField(help_text="Credits charged so far.")
+    restart_minutes = serializers.SerializerMethodField(
+        help_text="Work lost each time it is stopped or moved, minutes."
+    )
+    author = serializers.CharField(source="author.get_username", read_only=True)
+    foresight = serializers.SerializerMethodField(help_text="From recent rounds' clearing prices.")
+
+    class Meta:
+        model = Order
+        fields = [
+            "id",
+            "name",
+            "status",
+            "status_reason",
+            "hold_reason",
+            "values",
+            "gpus",
+            "min_gpus",
+            "gpu_hours_wanted",
+            "gpu_hours",
+            "ceiling",
+            "spent",
+            "deadline",
+            "restart_minutes",
+            "campaign",
+            "command",
+            "slurm_job",
+            "rounds_won",
+            "rounds_lost",
+            "preemptions",
+            "author",
+            "foresight",
+            "created_at",
+            "updated_at",
+            "ended_at",
+        ]
+        extra_kwargs = {
+            "status_reason": {"help_text": "Why it ended or was paused."},
+            "hold_reason": {"help_text": "Why it made no bid in the latest round, if it did not."},
+        }
+
+    @extend_schema_field(serializers.DictField(child=CreditsField()))
+    def get_values(self, order: Order) -> dict[str, str]:
+        return {limit.tier.slug: credits_text(limit.price) for limit in order.limits.all()}
+
+    def get_restart_minutes(self, order: Order) -> float:
+        return round(order.restart_seconds / 60, 3)
+
+    @extend_schema_field(ForesightSerializer())
+    def get_foresight(self, order: Order) -> dict:
+        return ForesightSerializer(order_foresight(order=order)).data
+
+
+_VALUES_HELP = (
+    '{tier slug: the most it pays, credits per GPU-hour, a string such as "2.5"}; a tier left '
+    "out is not acceptable."
+)
+
+
+class OrderCreateSerializer(serializers.Serializer):
+    name = StrictCharField(max_length=120)
+    values = serializers.DictField(
+        child=PriceInputField(), allow_empty=False, help_text=_VALUES_HELP
+    )
+    gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS, help_text="GPUs asked each round.")
+    min_gpus = StrictIntegerField(
+        min_value=1,
+        max_value=MAX_GPUS,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="All or nothing below this many GPUs (default: gpus, a rigid gang; 1 = any "
+        "number helps).",
+    )
+    gpu_hours = StrictFloatField(
+        min_value=0.001,
+        max_value=MOST_GPU_HOURS,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="GPU-hours wanted in all; null or left out: until cancelled.",
+    )
+    ceiling = CeilingInputField(help_text="The most it may spend in all, credits.")
+    deadline = serializers.DateTimeField(
+        required=False, allow_null=True, default=None, help_text="It stops bidding then."
+    )
+    restart_minutes = StrictIntegerField(
+        min_value=0,
+        max_value=MOST_RESTART_MINUTES,
+        default=5,
+        help_text="Work lost each time it is stopped or moved (from its last checkpoint).",
+    )
+    campaign = StrictIntegerField(
+        min_value=1, allow_null=True, required=False, default=None, help_text="A campaign id."
+    )
+    command = StrictCharField(
+        max_length=1000,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="What `gpumarket run --order` starts on its GPUs.",
+    )
+    slurm_job = StrictCharField(
+        max_length=64, required=False, allow_blank=True, default="", help_text="A Slurm job id."
+    )
+
+
+class OrderEditSerializer(serializers.Serializer):
+    name = StrictCharField(max_length=120, required=False)
+    values = serializers.DictField(
+        child=PriceInputField(), allow_empty=False, required=False, help_text=_VALUES_HELP
+    )
+    gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS, required=False)
+    min_gpus = StrictIntegerField(min_value=1, max_value=MAX_GPUS, required=False)
+    gpu_hours = StrictFloatField(
+        min_value=0.001,
+        max_value=MOST_GPU_HOURS,
+        required=False,
+        allow_null=True,
+        help_text="null: until cancelled.",
+    )
+    ceiling = CeilingInputField(required=False)
+    deadline = serializers.DateTimeField(required=False, allow_null=True, help_text="null: none.")
+    restart_minutes = StrictIntegerField(
+        min_value=0, max_value=MOST_RESTART_MINUTES, required=False
+    )
+
+
+class OrderFilterSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=Order.Status.choices, required=False)
+
+
+class OrderAllocationQuerySerializer(serializers.Serializer):
+    node = serializers.CharField(
+        max_length=120, required=False, help_text="Only an allocation placed on this node."
+    )

@@ -12,6 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from core.api import JSONParser, query_filters
+from core.errors import DomainError
 from market.api.serializers import (
     AllocationFilterSerializer,
     AllocationSerializer,
@@ -21,21 +22,39 @@ from market.api.serializers import (
     BidSerializer,
     LaunchQuerySerializer,
     LaunchSerializer,
+    OrderAllocationQuerySerializer,
+    OrderCreateSerializer,
+    OrderEditSerializer,
+    OrderFilterSerializer,
+    OrderSerializer,
     RoundFilterSerializer,
     RoundSerializer,
     TierSerializer,
 )
 from market.errors import RoundMissing
-from market.models import Allocation, Bid
+from market.forms import order_error_field
+from market.models import Allocation, Bid, Order
+from market.orders import SECONDS_PER_HOUR
 from market.selectors import (
     allocations_with_tier,
     bids_with_limits,
+    order_allocation_current,
+    orders_with_limits,
     policy_active_get,
     rounds_all,
     rounds_open,
     tiers_all,
 )
-from market.services import bid_cancel, bid_edit, bid_place
+from market.services import (
+    bid_cancel,
+    bid_edit,
+    bid_place,
+    order_cancel,
+    order_create,
+    order_edit,
+    order_pause,
+    order_resume,
+)
 from market.services.launch import allocation_launch
 from tenants.access import access_object
 from tenants.api.base import Pagination, TenantScopedViewSet
@@ -268,3 +287,145 @@ class AllocationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
                 }
             ).data
         )
+
+
+def _gpu_seconds(hours: float | None) -> int | None:
+    return None if hours is None else round(hours * SECONDS_PER_HOUR)
+
+
+def _order_refused(exc: DomainError) -> Refused:
+    """A service's refusal of an order's terms, with the request field it names."""
+    field = order_error_field(str(exc))
+    return Refused(str(exc), fields={field: [str(exc)]} if field else None)
+
+
+class OrderViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """The tenant's standing orders: each bids every round until it is done, cancelled, out
+    of its ceiling or past its deadline. Writes use the same services as the web pages."""
+
+    queryset = Order.objects.all()
+    serializer_class = OrderSerializer
+    parser_classes = [JSONParser]
+    http_method_names = ["get", "post", "patch", "head", "options"]
+    throttle_scopes = {"bids": {"create", "partial_update", "pause", "resume", "cancel"}}
+
+    _campaign = BidViewSet._campaign  # the tenant's campaign, or 404 naming the field
+
+    def base_queryset(self):
+        return orders_with_limits()
+
+    def get_queryset(self):
+        qs = super().get_queryset()
+        if self.action != "list":
+            return qs
+        filters = query_filters(self.request, OrderFilterSerializer)
+        if "status" in filters:
+            qs = qs.filter(status=filters["status"])
+        return qs
+
+    def _answer(self, order: Order, code: int = status.HTTP_200_OK) -> Response:
+        fresh = self.base_queryset().get(pk=order.pk)
+        return Response(OrderSerializer(fresh).data, status=code)
+
+    @extend_schema(parameters=[OrderFilterSerializer], summary="The tenant's standing orders")
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(
+        request=OrderCreateSerializer,
+        responses={201: OrderSerializer},
+        summary="Create a standing order (it bids from the round open now on)",
+    )
+    def create(self, request):
+        named = request.data.get("campaign") if isinstance(request.data, dict) else None
+        if type(named) is int and named > 0:
+            # A body naming another team's campaign is refused whole, whatever else it holds.
+            self._campaign(named)
+        serializer = OrderCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        campaign = self._campaign(data["campaign"])
+        try:
+            order = order_create(
+                user=request.user,
+                tenant=self.tenant,
+                name=data["name"],
+                values=limits_checked(data["values"]),
+                gpus=data["gpus"],
+                min_gpus=data["min_gpus"],
+                gpu_seconds_wanted=_gpu_seconds(data["gpu_hours"]),
+                ceiling=data["ceiling"],
+                deadline=data["deadline"],
+                restart_seconds=data["restart_minutes"] * 60,
+                campaign=campaign,
+                command=data["command"],
+                slurm_job=data["slurm_job"],
+            )
+        except DomainError as exc:
+            raise _order_refused(exc) from exc
+        return self._answer(order, status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=OrderEditSerializer,
+        responses={200: OrderSerializer},
+        summary="Change a live order (its bid in the open round follows the new terms)",
+    )
+    def partial_update(self, request, pk=None):
+        order = self.get_object()
+        serializer = OrderEditSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        terms = {
+            k: data[k] for k in ("name", "gpus", "min_gpus", "ceiling", "deadline") if k in data
+        }
+        if "values" in data:
+            terms["values"] = limits_checked(data["values"])
+        if "gpu_hours" in data:
+            terms["gpu_seconds_wanted"] = _gpu_seconds(data["gpu_hours"])
+        if "restart_minutes" in data:
+            terms["restart_seconds"] = data["restart_minutes"] * 60
+        try:
+            order = order_edit(user=request.user, tenant=self.tenant, order_id=order.pk, **terms)
+        except DomainError as exc:
+            raise _order_refused(exc) from exc
+        return self._answer(order)
+
+    def _status(self, service) -> Response:
+        order = self.get_object()
+        return self._answer(service(user=self.request.user, tenant=self.tenant, order_id=order.pk))
+
+    @extend_schema(request=None, responses={200: OrderSerializer}, summary="Stop bidding")
+    @action(detail=True, methods=["post"])
+    def pause(self, request, pk=None):
+        return self._status(order_pause)
+
+    @extend_schema(request=None, responses={200: OrderSerializer}, summary="Bid again")
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        return self._status(order_resume)
+
+    @extend_schema(
+        request=None, responses={200: OrderSerializer}, summary="End the order: no more bids"
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        return self._status(order_cancel)
+
+    @extend_schema(
+        parameters=[OrderAllocationQuerySerializer],
+        responses={200: AllocationSerializer},
+        summary="The allocation the order's work runs on now, on a node if given (404 when "
+        "it holds none)",
+    )
+    @action(detail=True, methods=["get"])
+    def allocation(self, request, pk=None):
+        order = self.get_object()
+        node = query_filters(request, OrderAllocationQuerySerializer).get("node")
+        allocation = order_allocation_current(order=order, node=node)
+        if allocation is None:
+            where = f" on {node}" if node else ""
+            raise Missing(
+                f"Order {order.pk} holds no GPUs{where} now ({order.get_status_display().lower()}"
+                "): its work runs when it wins a round."
+            )
+        return Response(AllocationSerializer(allocation).data)

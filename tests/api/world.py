@@ -15,9 +15,11 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
-from market.models import Allocation, Bid, Round
+from market.models import Allocation, Bid, Order, Round
 from market.services import (
     bid_place,
+    order_create,
+    order_pause,
     policy_activate,
     policy_active,
     policy_version_create,
@@ -66,6 +68,7 @@ class Side:
     bid: Bid
     planned: PlannedCampaign
     extra: dict = field(default_factory=dict)
+    order: Order | None = None
 
     def client(self) -> APIClient:
         api = APIClient()
@@ -77,6 +80,7 @@ class Side:
         return {
             Bid: self.bid,
             Allocation: self.allocation,
+            Order: self.order,
             Budget: self.budget,
             Campaign: self.campaign,
             PlannedCampaign: self.planned,
@@ -142,9 +146,24 @@ def world_build(*, gpus_per_bid: int = 2) -> World:
     for tenant in tenants:
         budget_alerts_raise(tenant=tenant)
 
+    # A paused standing order each, made while no round is open: it holds no escrow and
+    # makes no bid, so the bids and balances the tests expect are as before.
+    orders = []
+    for tenant, user in zip(tenants, users, strict=True):
+        order = order_create(
+            user=user,
+            tenant=tenant,
+            name="standing",
+            values={TIER: 2 * RESERVE},
+            gpus=1,
+            ceiling=100 * RESERVE,
+        )
+        orders.append(order_pause(user=user, tenant=tenant, order_id=order.pk))
     current = round_open_next(now=now)
     sides = []
-    for tenant, user, budget, past_bid in zip(tenants, users, budgets, past_bids, strict=True):
+    for tenant, user, budget, past_bid, order in zip(
+        tenants, users, budgets, past_bids, orders, strict=True
+    ):
         campaign = campaign_create(
             tenant=tenant,
             name="deadline",
@@ -172,6 +191,7 @@ def world_build(*, gpus_per_bid: int = 2) -> World:
                 allocation=Allocation.objects.get(bid=past_bid),
                 bid=bid,
                 planned=planned,
+                order=order,
             )
         )
     return World(
