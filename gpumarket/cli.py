@@ -18,6 +18,11 @@ USAGE = """usage: gpumarket COMMAND [ARGS]
   run --allocation N -- COMMAND
                   start COMMAND on the GPUs placed for allocation N on this node, with
                   CUDA_VISIBLE_DEVICES and its launch token set
+  run --order N [-- COMMAND]
+                  the same on the GPUs standing order N holds on this node now (its own
+                  command when none is given)
+  order ACTION    standing orders: create, list, show, edit, pause, resume, cancel
+                  (`gpumarket order --help`)
   clear FILE      clear an auction instance (JSON) and print the result as JSON
   simulate        replay a job trace or past rounds under a policy (what-if)
   plan FILE       run a capacity scenario (tier changes, options to buy or rent) and print
@@ -40,6 +45,14 @@ def _pure(command: str, argv: list[str]) -> int | None:
         from gpumarket.demo import main as demo_main
 
         return demo_main(argv)
+    if command == "order":
+        from gpumarket.order_cli import main as order_main
+
+        return order_main(argv)
+    if command == "run" and any(a == "--order" or a.startswith("--order=") for a in argv):
+        from gpumarket.order_cli import run_main as order_run_main
+
+        return order_run_main(argv)
     if command == "run":
         from gpumarket.run import main as run_main
 

@@ -255,6 +255,100 @@ class Client:
     def cancel_bid(self, bid: int) -> dict:
         return self.request("POST", f"/bids/{int(bid)}/cancel")
 
+    # Standing orders --------------------------------------------------------------------
+
+    def orders(self, *, status: str | None = None) -> list[dict]:
+        """The team's standing orders, newest first; ``status`` e.g. "active", "paused"."""
+        return list(self._pages("/orders", {"status": status}))
+
+    def order(self, order: int) -> dict:
+        """One order, with its progress and foresight (win rate, ETA, value for its deadline)."""
+        return self.request("GET", f"/orders/{int(order)}")
+
+    def create_order(
+        self,
+        *,
+        name: str,
+        values: dict[str, str | Decimal],
+        gpus: int,
+        ceiling: str | Decimal,
+        gpu_hours: float | None = None,
+        min_gpus: int | None = None,
+        deadline: str | None = None,
+        restart_minutes: int = 5,
+        campaign: int | None = None,
+        command: str = "",
+        slurm_job: str = "",
+    ) -> dict:
+        """A standing order: it bids every round at ``values`` ({tier slug: credits per
+        GPU-hour}) until it has ``gpu_hours`` (None: until cancelled), has spent ``ceiling``
+        credits, or ``deadline`` (ISO 8601) passes."""
+        body = {
+            "name": name,
+            "values": _credits_sent(values),
+            "gpus": gpus,
+            "min_gpus": min_gpus,
+            "gpu_hours": gpu_hours,
+            "ceiling": _credits_sent({"ceiling": ceiling})["ceiling"],
+            "deadline": deadline,
+            "restart_minutes": restart_minutes,
+            "campaign": campaign,
+            "command": command,
+            "slurm_job": slurm_job,
+        }
+        return self.request("POST", "/orders", json=body)
+
+    _UNSET: Any = object()
+
+    def edit_order(
+        self,
+        order: int,
+        *,
+        name: str | None = None,
+        values: dict[str, str | Decimal] | None = None,
+        gpus: int | None = None,
+        min_gpus: int | None = None,
+        gpu_hours: float | None = _UNSET,
+        ceiling: str | Decimal | None = None,
+        deadline: str | None = _UNSET,
+        restart_minutes: int | None = None,
+    ) -> dict:
+        """Change a live order; what is left out stays. ``gpu_hours=None`` means until
+        cancelled, ``deadline=None`` removes the deadline."""
+        body: dict[str, Any] = {
+            k: v
+            for k, v in {
+                "name": name,
+                "values": None if values is None else _credits_sent(values),
+                "gpus": gpus,
+                "min_gpus": min_gpus,
+                "ceiling": None if ceiling is None else _credits_sent({"c": ceiling})["c"],
+                "restart_minutes": restart_minutes,
+            }.items()
+            if v is not None
+        }
+        if gpu_hours is not self._UNSET:
+            body["gpu_hours"] = gpu_hours
+        if deadline is not self._UNSET:
+            body["deadline"] = deadline
+        return self.request("PATCH", f"/orders/{int(order)}", json=body)
+
+    def pause_order(self, order: int) -> dict:
+        return self.request("POST", f"/orders/{int(order)}/pause")
+
+    def resume_order(self, order: int) -> dict:
+        return self.request("POST", f"/orders/{int(order)}/resume")
+
+    def cancel_order(self, order: int) -> dict:
+        return self.request("POST", f"/orders/{int(order)}/cancel")
+
+    def order_allocation(self, order: int, *, node: str | None = None) -> dict:
+        """The allocation the order's work runs on now, placed on ``node`` (default: this
+        machine). ApiError 404 when it holds no GPUs there now."""
+        return self.request(
+            "GET", f"/orders/{int(order)}/allocation", params={"node": node or this_node()}
+        )
+
     # Pace -------------------------------------------------------------------------------
 
     def pace_reading(self, allocation: int) -> dict:
