@@ -2,6 +2,8 @@
 
 A suspended Job has its running pods deleted by the Job controller and recreated when it is
 resumed, so on Kubernetes "pause" means stop and restart from the job's last checkpoint;
+"suspend" is the same (the pods get the kubelet's SIGTERM and their
+terminationGracePeriodSeconds to checkpoint, not the directive's signal and grace), and
 "terminate" also suspends (the agent never deletes a tenant's objects), which leaves the Job
 ready to resume when a new allocation allows.
 

@@ -17,10 +17,10 @@ AGENT_VERSION = "0.1.0"
 INGEST_PATH = "/api/v1/telemetry/ingest"
 
 ProcessState = Literal["running", "stopped"]
-Action = Literal["pause", "resume", "terminate"]
+Action = Literal["pause", "resume", "terminate", "suspend"]
 Outcome = Literal["done", "gone", "failed"]
 
-ACTIONS: frozenset[str] = frozenset({"pause", "resume", "terminate"})
+ACTIONS: frozenset[str] = frozenset({"pause", "resume", "terminate", "suspend"})
 # The server's limits on what a process says about itself (telemetry/payload/parse.py). The
 # agent sends a claim past them as null, and at most this many processes per GPU, so that no
 # process on the node can make the node's batches fail: the process is then reported
@@ -42,6 +42,12 @@ def claim_clip(value: str | None, *, limit: int) -> str | None:
 # Used when the server leaves grace_seconds out: long enough for a training job to write a
 # checkpoint on SIGTERM, short enough that a preemption does not hold a GPU for long.
 DEFAULT_GRACE_SECONDS = 30
+# What `suspend` sends first, without the SIG prefix. The names a job can trap and that mean
+# nothing else to the executors (never KILL or STOP, which cannot be caught, nor CONT).
+DEFAULT_CHECKPOINT_SIGNAL = "USR1"
+CHECKPOINT_SIGNALS: frozenset[str] = frozenset(
+    {"HUP", "INT", "QUIT", "USR1", "USR2", "ALRM", "TERM", "URG", "XCPU"}
+)
 
 
 def utcnow() -> datetime:
@@ -182,6 +188,8 @@ class Directive:
     namespace: str | None
     grace_seconds: int
     reason: str
+    # For suspend: the signal sent at once, without the SIG prefix (one of CHECKPOINT_SIGNALS).
+    checkpoint_signal: str = DEFAULT_CHECKPOINT_SIGNAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +233,19 @@ def _optional_str(raw: Mapping[str, Any], key: str) -> str | None:
     return value
 
 
+def _checkpoint_signal(raw: Mapping[str, Any]) -> str:
+    value = raw.get("checkpoint_signal")
+    if value is None or value == "":
+        return DEFAULT_CHECKPOINT_SIGNAL
+    name = value.upper().removeprefix("SIG") if isinstance(value, str) else ""
+    if name not in CHECKPOINT_SIGNALS:
+        raise ValueError(
+            f"checkpoint_signal must be one of {', '.join(sorted(CHECKPOINT_SIGNALS))} "
+            f"(with or without SIG), not {value!r}"
+        )
+    return name
+
+
 def directive_parse(raw: object) -> Directive:
     """Validate one entry of the response's `directives` list."""
     if not isinstance(raw, Mapping):
@@ -248,6 +269,7 @@ def directive_parse(raw: object) -> Directive:
             namespace=_optional_str(raw, "namespace"),
             grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else max(grace, 0),
             reason=str(raw.get("reason") or ""),
+            checkpoint_signal=_checkpoint_signal(raw),
         )
     except ValueError as exc:
         raise DirectiveInvalid(str(exc), directive_id=directive_id) from exc

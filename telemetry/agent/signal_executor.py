@@ -3,6 +3,11 @@
 Signals go to the whole process group because a training job is rarely one process: data
 loader workers and launchers share the group, and stopping only the GPU process would leave
 the rest spinning (or deadlock it on a full queue).
+
+suspend sends the directive's checkpoint signal at once and SIGSTOP once its grace is over;
+the work is resumed later by a resume directive (SIGCONT). A group that is already stopped
+(paused) is not signalled, because it could not act on the signal, and needs no grace. A
+resume or terminate for a target whose suspension is still in its grace cancels the SIGSTOP.
 """
 
 from __future__ import annotations
@@ -50,6 +55,19 @@ class _Target:
 
 
 @dataclass(slots=True)
+class _Suspension:
+    """A suspend in its grace: `waiting` were sent the checkpoint signal and are stopped when
+    the grace is over; `results` are the outcomes of the targets already settled."""
+
+    directive_id: int
+    signal: signal.Signals
+    grace_seconds: int
+    stop_at: float
+    waiting: dict[tuple[str, int], _Target]
+    results: list[DirectiveResult]
+
+
+@dataclass(slots=True)
 class _Termination:
     directive_id: int
     targets: tuple[_Target, ...]
@@ -72,6 +90,7 @@ class SignalExecutor:
         self._proc = proc
         self._kill_timeout = kill_timeout_seconds
         self._terminations: list[_Termination] = []
+        self._suspensions: list[_Suspension] = []
 
     def apply(
         self, directive: Directive, *, observed: Mapping[int, ObservedProcess]
@@ -90,6 +109,10 @@ class SignalExecutor:
                 targets.setdefault(target.key, target)
         if not targets:
             return DirectiveResult(id=directive.id, outcome="gone", detail="process has exited")
+        if directive.action in ("resume", "terminate"):
+            self._suspensions_cancel(directive, targets)
+        if directive.action == "suspend":
+            return self._suspend(directive, list(targets.values()))
         results = [
             self._send(directive.id, target, _IMMEDIATE[directive.action])
             for target in targets.values()
@@ -111,11 +134,11 @@ class SignalExecutor:
         return None
 
     def poll(self) -> list[DirectiveResult]:
-        if not self._terminations:
+        if not self._terminations and not self._suspensions:
             return []
         now = self._clock()
         live_pids, live_groups = self._live()
-        finished: list[DirectiveResult] = []
+        finished = self._suspensions_advance(live_pids, live_groups, now=now)
         waiting: list[_Termination] = []
         for termination in self._terminations:
             alive = [t for t in termination.targets if t.alive(live_pids, live_groups)]
@@ -157,6 +180,100 @@ class SignalExecutor:
                 detail=f"still alive {self._kill_timeout:.0f}s after SIGKILL: {survivors}",
             )
         return None
+
+    def _suspend(self, directive: Directive, targets: list[_Target]) -> DirectiveResult | None:
+        sig = signal.Signals[f"SIG{directive.checkpoint_signal}"]
+        suspension = _Suspension(
+            directive_id=directive.id,
+            signal=sig,
+            grace_seconds=directive.grace_seconds,
+            stop_at=self._clock() + directive.grace_seconds,
+            waiting={},
+            results=[],
+        )
+        for target in targets:
+            if self._stopped(target):
+                suspension.results.append(
+                    DirectiveResult(
+                        id=directive.id,
+                        outcome="done",
+                        detail=f"{target.describe()} already stopped; no {sig.name}",
+                    )
+                )
+                continue
+            sent = self._send(directive.id, target, (sig,))
+            if sent.outcome == "done":
+                suspension.waiting[target.key] = target
+            else:
+                suspension.results.append(sent)
+        if not suspension.waiting:
+            return outcome_combine(directive.id, suspension.results)
+        self._suspensions.append(suspension)
+        return None
+
+    def _suspensions_advance(
+        self, live_pids: set[int], live_groups: set[int], *, now: float
+    ) -> list[DirectiveResult]:
+        """Stop the targets whose grace is over; report the suspensions with none waiting."""
+        finished: list[DirectiveResult] = []
+        waiting: list[_Suspension] = []
+        for suspension in self._suspensions:
+            directive_id, name = suspension.directive_id, suspension.signal.name
+            for key, target in list(suspension.waiting.items()):
+                if not target.alive(live_pids, live_groups):
+                    result = DirectiveResult(
+                        id=directive_id,
+                        outcome="gone",
+                        detail=f"{target.describe()} exited after {name}",
+                    )
+                elif now >= suspension.stop_at:
+                    result = self._send(directive_id, target, (signal.SIGSTOP,))
+                    if result.outcome == "done":
+                        detail = f"{name}, then SIGSTOP after {suspension.grace_seconds}s grace"
+                        result = DirectiveResult(
+                            id=directive_id, outcome="done", detail=f"{target.describe()}: {detail}"
+                        )
+                else:
+                    continue
+                del suspension.waiting[key]
+                suspension.results.append(result)
+            if suspension.waiting:
+                waiting.append(suspension)
+            else:
+                finished.append(outcome_combine(suspension.directive_id, suspension.results))
+        self._suspensions = waiting
+        return finished
+
+    def _suspensions_cancel(
+        self, directive: Directive, targets: Mapping[tuple[str, int], _Target]
+    ) -> None:
+        """A later resume or terminate wins over a suspension still in its grace: its
+        targets are not stopped; the suspension reports at the next poll."""
+        for suspension in self._suspensions:
+            for key in targets.keys() & suspension.waiting.keys():
+                target = suspension.waiting.pop(key)
+                detail = (
+                    f"{target.describe()}: {suspension.signal.name} sent; not stopped, "
+                    f"directive {directive.id} ({directive.action}) came within the grace"
+                )
+                suspension.results.append(
+                    DirectiveResult(id=suspension.directive_id, outcome="done", detail=detail)
+                )
+
+    def _stopped(self, target: _Target) -> bool:
+        """Whether every live process of the target is stopped (and there is one)."""
+        if target.pgid is None:
+            stat = stat_read(target.pid, proc=self._proc)
+            return stat is not None and stat.stopped
+        found = False
+        for pid in pids_list(proc=self._proc):
+            stat = stat_read(pid, proc=self._proc)
+            if stat is None or stat.exited or stat.pgrp != target.pgid:
+                continue
+            if not stat.stopped:
+                return False
+            found = True
+        return found
 
     def _target_for(self, pid: int) -> _Target | None:
         stat = stat_read(pid, proc=self._proc)

@@ -2,7 +2,9 @@
 Debian's packages and starts (scripts/test runs it): the reservation settlement asks for, a
 real `sbatch` job under it, and the agent's Slurm mapping and executor on a real job: its
 allocation read from the job's comment, suspended (job state S, its processes in state T) and
-resumed on the platform's orders, and cancelled after the grace period when its window ends.
+resumed on the platform's orders, and cancelled after the grace period when its window ends;
+a paused job cancelled at once; and a job whose standing order lost its round sent its
+checkpoint signal, requeued and held after the grace, and run again on resume.
 No stand-in: if Slurm is not running these tests fail and say how to start it."""
 
 from __future__ import annotations
@@ -280,7 +282,7 @@ def test_a_real_slurm_job_is_suspended_resumed_and_cancelled_at_window_end(
 
 
 def _directive(
-    action: str, job: str, *, directive_id: int, grace: int = GRACE_SECONDS
+    action: str, job: str, *, directive_id: int, grace: int = GRACE_SECONDS, signal: str = "USR1"
 ) -> Directive:
     return Directive(
         id=directive_id,
@@ -293,6 +295,7 @@ def _directive(
         namespace=None,
         grace_seconds=grace,
         reason="test",
+        checkpoint_signal=signal,
     )
 
 
@@ -322,3 +325,83 @@ def test_a_suspended_job_is_cancelled_at_once_on_terminate(slurm_node, slurm_cle
     assert result is not None and result.outcome == "done", (result, _job(job))
     assert _job(job).get("JobState") in ("CANCELLED", None), _job(job)
     assert time.monotonic() - started < KILL_WAIT + 10
+
+
+def _checkpointing(directory) -> str:
+    """A batch script that notes each start, and each SIGUSR1 (its checkpoint), in files in
+    ``directory``, and otherwise waits."""
+    return (
+        "#!/bin/bash\n"
+        f"trap 'echo checkpoint >> {directory}/checkpoints' USR1\n"
+        f"echo start >> {directory}/starts\n"
+        "while true; do sleep 0.2; done\n"
+    )
+
+
+def _lines(path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_running_job_checkpoints_is_requeued_held_and_runs_again_on_resume(
+    slurm_node, slurm_cleanup, tmp_path
+):
+    job = _submit(script=_checkpointing(tmp_path))
+    assert wait_until(lambda: _job(job).get("JobState") == "RUNNING", timeout=30), _job(job)
+    assert wait_until(lambda: _lines(tmp_path / "starts") == ["start"], timeout=10)
+    executor = SlurmExecutor()
+
+    started = time.monotonic()
+    assert executor.apply(_directive("suspend", job, directive_id=1), observed={}) is None
+
+    assert wait_until(lambda: _lines(tmp_path / "checkpoints") == ["checkpoint"], timeout=5)
+    assert executor.poll() == []  # in its grace: still running
+    assert _job(job)["JobState"] == "RUNNING"
+    result = _outcome(executor, timeout=GRACE_SECONDS + KILL_WAIT + 10)
+    assert result is not None, (_job(job), _lines(tmp_path / "checkpoints"))
+    assert (result.outcome, result.detail) == (
+        "done",
+        f"job {job} requeued and held after {GRACE_SECONDS}s grace",
+    )
+    assert time.monotonic() - started >= GRACE_SECONDS
+    held = _job(job)
+    assert (held["JobState"], held["Reason"], held["Restarts"]) == (
+        "PENDING",
+        "job_requeued_in_held_state",
+        "1",
+    )  # requeued, not cancelled
+    assert _job_pids(job) == []  # its GPUs are free
+
+    resumed = executor.apply(_directive("resume", job, directive_id=2), observed={})
+
+    assert resumed is not None and resumed.outcome == "done", resumed
+    # Without StartTime=now Slurm would hold a requeued job back for about two minutes.
+    assert wait_until(lambda: _job(job).get("JobState") == "RUNNING", timeout=20), _job(job)
+    assert wait_until(lambda: _lines(tmp_path / "starts") == ["start", "start"], timeout=10)
+    assert _lines(tmp_path / "checkpoints") == ["checkpoint"]
+
+
+def test_a_suspended_job_is_requeued_held_on_suspend_without_a_signal(
+    slurm_node, slurm_cleanup, tmp_path
+):
+    # Slurm never answers a signal for a suspended job: it is requeued without one.
+    job = _submit(script=_checkpointing(tmp_path))
+    assert wait_until(lambda: _job(job).get("JobState") == "RUNNING", timeout=30), _job(job)
+    executor = SlurmExecutor()
+    paused = executor.apply(_directive("pause", job, directive_id=1), observed={})
+    assert paused is not None and paused.outcome == "done", paused
+    assert wait_until(lambda: _job(job).get("JobState") == "SUSPENDED", timeout=10), _job(job)
+
+    started = time.monotonic()
+    applied = executor.apply(_directive("suspend", job, directive_id=2), observed={})
+    assert time.monotonic() - started < 5, applied
+    assert applied is None, applied
+    result = _outcome(executor, timeout=KILL_WAIT + 10)
+
+    assert result is not None, _job(job)
+    assert (result.outcome, result.detail) == (
+        "done",
+        f"job {job} requeued and held at once (SUSPENDED: Slurm cannot signal it)",
+    )
+    held = _job(job)
+    assert (held["JobState"], held["Reason"]) == ("PENDING", "job_requeued_in_held_state")
+    assert _lines(tmp_path / "checkpoints") == []

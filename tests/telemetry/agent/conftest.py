@@ -209,11 +209,12 @@ def ingest() -> Iterator[StandInIngest]:
     server.stop()
 
 
-# Records its arguments, one JSON list per line. For `suspend|resume <job>` it
+# Records its arguments, one JSON list per line. For `<verb> <job>` it
 # answers like scontrol does for a job the controller no longer knows (job 404) or a refused
 # operation (job 500). For `show job <id> ...` it prints the record the test wrote to
 # jobs/<id>, else fails like scontrol for a job it does not know, or (job 500) for a
-# controller it cannot reach.
+# controller it cannot reach. `requeuehold`, `hold` and `release` change that record the way
+# the controller shows the job afterwards.
 SCONTROL_STAND_IN = """#!/bin/sh
 printf '%s\\n' "$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1:]))' "$@")" >> "{log}"
 if [ "$1" = show ]; then
@@ -227,11 +228,22 @@ case "$2" in
   404) echo "scontrol: error: Invalid job id specified" >&2; exit 1 ;;
   500) echo "scontrol: error: Access/permission denied" >&2; exit 1 ;;
 esac
+if [ -f "{jobs}/$2" ]; then
+  case "$1" in
+    requeuehold)
+      if grep -q "Requeue=0" "{jobs}/$2"; then
+        echo "Requested operation is presently disabled for job $2" >&2; exit 1
+      fi
+      sed -i 's/JobState=[A-Z]*/JobState=PENDING/; s/Reason=[^ ]*/Reason=job_requeued_in_held_state/' "{jobs}/$2" ;;
+    hold) sed -i 's/Reason=[^ ]*/Reason=JobHeldAdmin/' "{jobs}/$2" ;;
+    release) sed -i 's/Reason=[^ ]*/Reason=None/' "{jobs}/$2" ;;
+  esac
+fi
 exit 0
 """
 
 
-# `scancel [--signal=TERM --full] <job>`: recorded in the same log, prefixed "scancel"; job 404
+# `scancel [--signal=<sig> --full] <job>`: recorded in the same log, prefixed "scancel"; job 404
 # is unknown to the controller, job 500 a refusal. Cancelling writes JobState=CANCELLED into
 # the job's record, as the controller shows it afterwards.
 SCANCEL_STAND_IN = """#!/bin/sh
@@ -241,9 +253,10 @@ case "$job" in
   404) echo "scancel: error: Kill job error on job id 404: Invalid job id specified" >&2; exit 1 ;;
   500) echo "scancel: error: Kill job error on job id 500: Access/permission denied" >&2; exit 1 ;;
 esac
-if [ "$1" != "--signal=TERM" ] && [ -f "{jobs}/$job" ]; then
-  sed -i 's/JobState=[A-Z]*/JobState=CANCELLED/' "{jobs}/$job"
-fi
+case "$1" in
+  --signal=*) ;;
+  *) if [ -f "{jobs}/$job" ]; then sed -i 's/JobState=[A-Z]*/JobState=CANCELLED/' "{jobs}/$job"; fi ;;
+esac
 exit 0
 """
 
@@ -268,12 +281,21 @@ class StandInScontrol:
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines()]
 
-    def job(self, job_id: str, *, comment: str = "(null)", state: str = "RUNNING") -> None:
+    def job(
+        self,
+        job_id: str,
+        *,
+        comment: str = "(null)",
+        state: str = "RUNNING",
+        reason: str = "None",
+        requeue: bool = True,
+    ) -> None:
         """A job the controller knows, shown the way `--oneliner` prints it."""
         (self.jobs_dir / job_id).write_text(
             f"JobId={job_id} JobName=train UserId=alice(1000) GroupId=alice(1000) "
-            f"Priority=4294901755 JobState={state} RunTime=00:01:02 Partition=gpu "
-            f"NodeList=gpu-node-07 Command=/home/alice/train.sh WorkDir=/home/alice "
+            f"Priority=4294901755 JobState={state} Reason={reason} RunTime=00:01:02 Partition=gpu "
+            f"Requeue={int(requeue)} NodeList=gpu-node-07 Command=/home/alice/train.sh "
+            f"WorkDir=/home/alice "
             f"AdminComment=gpumarket:allocation=999 Comment={comment} "
             f"StdErr=/home/alice/slurm-{job_id}.out Power=\n"
         )

@@ -25,7 +25,8 @@ def directive(action, *, pod=None, namespace="research", pid=None, directive_id=
 
 
 @pytest.mark.parametrize(
-    ("action", "suspend"), [("pause", True), ("terminate", True), ("resume", False)]
+    ("action", "suspend"),
+    [("pause", True), ("terminate", True), ("suspend", True), ("resume", False)],
 )
 def test_action_patches_the_owning_jobs_suspend_flag(api, action, suspend):
     api.pod_of_job("research", "train-7-x2x9q", "train-7")

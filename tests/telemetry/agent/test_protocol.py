@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from telemetry.agent.protocol import (
+    DEFAULT_CHECKPOINT_SIGNAL,
     DEFAULT_GRACE_SECONDS,
     Batch,
     DirectiveInvalid,
@@ -34,6 +35,31 @@ def test_minimal_directive_gets_defaults():
     assert directive.pid is None and directive.gpu is None
     assert directive.grace_seconds == DEFAULT_GRACE_SECONDS
     assert directive.reason == ""
+
+
+@pytest.mark.parametrize(
+    ("wire", "parsed"), [("USR1", "USR1"), ("SIGUSR2", "USR2"), ("sigterm", "TERM")]
+)
+def test_suspend_carries_its_checkpoint_signal(wire, parsed):
+    directive = directive_parse(
+        {"id": 5, "action": "suspend", "slurm_job": "77", "checkpoint_signal": wire}
+    )
+
+    assert directive.action == "suspend"
+    assert directive.checkpoint_signal == parsed
+
+
+def test_checkpoint_signal_defaults_to_usr1():
+    assert directive_parse({"id": 5, "action": "suspend"}).checkpoint_signal == "USR1"
+    assert DEFAULT_CHECKPOINT_SIGNAL == "USR1"
+
+
+@pytest.mark.parametrize("wire", ["KILL", "SIGSTOP", "CONT", "USR3", 10, ["USR1"]])
+def test_a_checkpoint_signal_that_is_unknown_or_cannot_be_trapped_is_refused(wire):
+    with pytest.raises(DirectiveInvalid, match="checkpoint_signal") as raised:
+        directive_parse({"id": 6, "action": "suspend", "checkpoint_signal": wire})
+
+    assert raised.value.directive_id == 6
 
 
 @pytest.mark.parametrize(

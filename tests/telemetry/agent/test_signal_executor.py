@@ -25,9 +25,23 @@ while True:
     time.sleep(0.05)
 """
 POLITE = "import time\nprint('ready', flush=True)\nwhile True: time.sleep(0.05)"
+# Busy, and notes each SIGUSR1 (its checkpoint) and SIGTERM it gets in the file $MARKER.
+CHECKPOINTING = """
+import os, signal
+def note(name):
+    def handler(signum, frame):
+        with open(os.environ["MARKER"], "a") as marker:
+            marker.write(name + "\\n")
+    return handler
+signal.signal(signal.SIGUSR1, note("checkpoint"))
+signal.signal(signal.SIGTERM, note("term"))
+print("ready", flush=True)
+while True:
+    sum(range(1000))
+"""
 
 
-def directive(action, *, pid=None, allocation=None, grace=30, directive_id=1):
+def directive(action, *, pid=None, allocation=None, grace=30, directive_id=1, signal="USR1"):
     return Directive(
         id=directive_id,
         action=action,
@@ -39,6 +53,7 @@ def directive(action, *, pid=None, allocation=None, grace=30, directive_id=1):
         namespace=None,
         grace_seconds=grace,
         reason="test",
+        checkpoint_signal=signal,
     )
 
 
@@ -154,7 +169,7 @@ def test_directive_for_an_exited_process_is_gone(children):
     worker.wait(timeout=5)
     executor = SignalExecutor()
 
-    for action in ("pause", "resume", "terminate"):
+    for action in ("pause", "resume", "terminate", "suspend"):
         seen = executor.apply(directive(action, pid=worker.pid), observed=observed(worker.pid))
         unseen = executor.apply(directive(action, pid=worker.pid), observed={})
         assert seen.outcome == "gone"
@@ -210,3 +225,121 @@ def test_work_in_the_agents_own_group_gets_the_signal_alone(children, wait_until
     assert result.detail == f"SIGSTOP sent to pid {child.pid}"
     assert wait_until(lambda: process_state(child.pid) == "T")
     assert process_state(os.getpid()) in ("R", "S")
+
+
+def test_suspend_signals_a_checkpoint_then_stops_the_work_after_the_grace_until_resumed(
+    children, wait_until, process_state, tmp_path
+):
+    marker = tmp_path / "marker"
+    worker = children.python(CHECKPOINTING, env={"MARKER": str(marker)})
+    worker.stdout.readline()
+    now = [1000.0]
+    executor = SignalExecutor(clock=lambda: now[0])
+
+    applied = executor.apply(
+        directive("suspend", pid=worker.pid, grace=30), observed=observed(worker.pid)
+    )
+
+    assert applied is None  # reported once the work is stopped
+    assert wait_until(lambda: marker.exists() and marker.read_text() == "checkpoint\n")
+    assert executor.poll() == []  # in its grace: still running
+    assert process_state(worker.pid) in ("R", "S")
+    now[0] += 30
+    [result] = executor.poll()
+    assert result.outcome == "done"
+    assert result.detail == (
+        f"process group {worker.pid} (pid {worker.pid}): SIGUSR1, then SIGSTOP after 30s grace"
+    )
+    assert wait_until(lambda: process_state(worker.pid) == "T")
+    frozen = cpu_seconds(worker.pid)
+    time.sleep(0.3)
+    assert cpu_seconds(worker.pid) == frozen
+    assert executor.poll() == []
+    assert marker.read_text() == "checkpoint\n"  # never sent SIGTERM
+    assert worker.poll() is None  # nor killed
+
+    resumed = executor.apply(
+        directive("resume", pid=worker.pid, directive_id=2), observed=observed(worker.pid)
+    )
+
+    assert resumed.outcome == "done"
+    assert wait_until(lambda: cpu_seconds(worker.pid) > frozen + 0.05)
+    assert marker.read_text() == "checkpoint\n"
+
+
+def test_suspend_sends_the_signal_the_directive_names(children, wait_until, tmp_path):
+    marker = tmp_path / "marker"
+    worker = children.python(CHECKPOINTING, env={"MARKER": str(marker)})
+    worker.stdout.readline()
+    executor = SignalExecutor()
+
+    executor.apply(
+        directive("suspend", pid=worker.pid, signal="TERM"), observed=observed(worker.pid)
+    )
+
+    assert wait_until(lambda: marker.exists() and marker.read_text() == "term\n")
+
+
+def test_suspending_a_paused_group_sends_no_signal_and_reports_at_once(
+    children, wait_until, process_state, tmp_path
+):
+    marker = tmp_path / "marker"
+    worker = children.python(CHECKPOINTING, env={"MARKER": str(marker)})
+    worker.stdout.readline()
+    executor = SignalExecutor()
+    executor.apply(directive("pause", pid=worker.pid), observed=observed(worker.pid))
+    assert wait_until(lambda: process_state(worker.pid) == "T")
+
+    result = executor.apply(
+        directive("suspend", pid=worker.pid, directive_id=2), observed=observed(worker.pid)
+    )
+
+    assert result.outcome == "done"
+    assert (
+        result.detail
+        == f"process group {worker.pid} (pid {worker.pid}) already stopped; no SIGUSR1"
+    )
+    executor.apply(
+        directive("resume", pid=worker.pid, directive_id=3), observed=observed(worker.pid)
+    )
+    assert wait_until(lambda: process_state(worker.pid) in ("R", "S"))
+    time.sleep(0.2)  # a signal held while stopped would be handled by now
+    assert not marker.exists()
+
+
+def test_work_that_exits_on_the_checkpoint_signal_is_gone(children):
+    worker = children.python(POLITE)  # SIGUSR1's default action ends it
+    worker.stdout.readline()
+    executor = SignalExecutor()
+
+    assert (
+        executor.apply(directive("suspend", pid=worker.pid), observed=observed(worker.pid)) is None
+    )
+
+    assert worker.wait(timeout=5) == -10
+    [result] = executor.poll()
+    assert result.outcome == "gone"
+    assert result.detail == f"process group {worker.pid} (pid {worker.pid}) exited after SIGUSR1"
+
+
+def test_resume_within_the_grace_means_the_work_is_never_stopped(
+    children, wait_until, process_state, tmp_path
+):
+    marker = tmp_path / "marker"
+    worker = children.python(CHECKPOINTING, env={"MARKER": str(marker)})
+    worker.stdout.readline()
+    now = [0.0]
+    executor = SignalExecutor(clock=lambda: now[0])
+    executor.apply(directive("suspend", pid=worker.pid, grace=30), observed=observed(worker.pid))
+
+    executor.apply(
+        directive("resume", pid=worker.pid, directive_id=2), observed=observed(worker.pid)
+    )
+    [result] = executor.poll()
+
+    assert (result.id, result.outcome) == (1, "done")
+    assert "not stopped, directive 2 (resume) came within the grace" in result.detail
+    now[0] += 60
+    assert executor.poll() == []
+    time.sleep(0.2)
+    assert process_state(worker.pid) in ("R", "S")
