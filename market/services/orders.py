@@ -723,7 +723,7 @@ def orders_bid(
 
 
 def _hours(gpu_seconds: int | None) -> str:
-    return "until cancelled" if gpu_seconds is None else f"{gpu_seconds / 3600:,.1f}"
+    return "until cancelled" if gpu_seconds is None else f"{gpu_seconds / 3600:,.2f}"
 
 
 def _done_reason(order: Order) -> str:

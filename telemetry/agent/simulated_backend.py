@@ -49,8 +49,18 @@ SIMULATED_GPU_NAME = "Simulated GPU (simulated)"
 # The worker busies the CPU for `duty` of every 100 ms and sleeps the rest. It exits as
 # soon as its parent is gone, so a crashed test or demo never leaves workers spinning.
 _WORK_CODE = """
-import os, time
+import os, signal, sys, time
 duty = min(max(float(os.environ.get("GPUMARKET_SIM_DUTY", "0.5")), 0.0), 1.0)
+log = os.environ.get("GPUMARKET_SIM_SIGNAL_LOG")
+def note(signum, frame):
+    # A training job checkpoints on the checkpoint signal and carries on; SIGTERM ends it.
+    if log:
+        with open(log, "a") as out:
+            out.write(signal.Signals(signum).name + "\\n")
+    if signum == signal.SIGTERM:
+        sys.exit(0)
+for name in ("SIGUSR1", "SIGUSR2", "SIGCONT", "SIGTERM"):
+    signal.signal(getattr(signal, name), note)
 parent = os.getppid()
 period = 0.1
 while os.getppid() == parent:

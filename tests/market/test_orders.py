@@ -157,7 +157,7 @@ def test_an_order_finishes_and_stops_bidding(market, team):
     order.refresh_from_db()
     assert order.status == Order.Status.DONE
     assert order.gpu_seconds == 4 * HOUR and order.rounds_won == 2
-    assert "4.0 of 4.0 GPU-hours" in order.status_reason
+    assert "4.00 of 4.00 GPU-hours" in order.status_reason
     assert not Bid.objects.filter(order=order, status="open").exists()
     assert Notification.objects.filter(kind="order_finished", tenant=order.tenant).count() == 1
 
