@@ -9,6 +9,12 @@ under the job model (``realise.py``), jobs advance and may finish part-way throu
 (their GPUs then stay idle until the next round: the cost of scheduling in rounds). Rounds
 in which no job is in the system are skipped.
 
+Restarts (gang model): a job whose gang ran in the previous round and this round runs on
+another type or not at all is preempted (``market.orders.preempted``); the next round in
+which it runs, its first ``restart_seconds`` make no progress (it restarts from its last
+checkpoint). The cost applies to every policy alike, since every plan is realised the same
+way; our mechanisms also see it in their bids (``policies/market.py``).
+
 Charges (market mechanisms): min(price, the job's limit) per GPU-hour x the GPU-hours the
 job actually ran, in milli-credits; the baselines charge the reserve price the same way.
 """
@@ -21,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from market.orders import preempted
 from market.simulator.errors import SimulationError
 from market.simulator.policies import POLICIES, Plan, Tiers, View, limit_prices
 from market.simulator.policies.queues import DEFAULT_HALF_LIFE_HOURS
@@ -43,6 +50,7 @@ class SimConfig:
     params: dict[str, Any] = field(default_factory=dict)
     weights: tuple[int, ...] | None = None  # tenant entitlements; None = equal
     half_life_hours: float = DEFAULT_HALF_LIFE_HOURS  # fair-share usage decay
+    restart_seconds: int = 0  # progress a preempted gang loses when it next runs
 
     def validate(self) -> None:
         if not self.tiers:
@@ -66,6 +74,17 @@ class SimConfig:
             raise SimulationError(
                 f"fair-share half-life must be positive, got {self.half_life_hours} hours"
             )
+        if self.restart_seconds < 0:
+            raise SimulationError(
+                f"restart cost must be 0 or more seconds, got {self.restart_seconds}"
+            )
+        if self.restart_seconds >= self.round_minutes * 60:
+            raise SimulationError(
+                f"restart cost ({self.restart_seconds} s) must be shorter than a round "
+                f"({self.round_minutes * 60:g} s)"
+            )
+        if self.restart_seconds and self.job_model != "gang":
+            raise SimulationError("a restart cost needs the gang job model (--job-model gang)")
         if self.weights is not None and (
             len(self.weights) != self.tenants or min(self.weights) < 1
         ):
@@ -80,6 +99,8 @@ class JobOutcome:
     first_run: float | None  # seconds; start of the first round in which it got GPUs
     finish: float | None  # seconds; None if the simulation stopped first
     spend: int  # milli-credits
+    preemptions: int = 0  # times its running gang was stopped or moved
+    lost_seconds: float = 0.0  # seconds its gang ran without progress, restarting
 
     @property
     def jct(self) -> float | None:
@@ -144,6 +165,9 @@ class _State:
     usage_clock: float = 0.0  # seconds; when ``usage`` was last decayed
     running: dict[int, str] = field(default_factory=dict)  # job -> type, last round
     limits: dict[int, dict[str, int]] = field(default_factory=dict)  # job -> milli-credits/GPU-h
+    preemptions: dict[int, int] = field(default_factory=dict)  # job -> times stopped or moved
+    restarting: set[int] = field(default_factory=set)  # preempted, not yet run again
+    lost_seconds: dict[int, float] = field(default_factory=dict)  # job -> seconds restarting
 
 
 def _play_round(
@@ -154,7 +178,14 @@ def _play_round(
     round_seconds = config.round_minutes * 60.0
     placed: dict[int, str] = {}
     if config.job_model == "gang":
-        placed = place_gangs(active, plan.fractions, tiers, ledger)
+        placed = place_gangs(
+            active,
+            plan.fractions,
+            tiers,
+            ledger,
+            running=state.running,
+            restart_share=config.restart_seconds / round_seconds,
+        )
         ledger.record(placed)
         gpus = {j.id: ({placed[j.id]: float(j.scale)} if j.id in placed else {}) for j in active}
     else:
@@ -171,16 +202,27 @@ def _play_round(
     for job in active:
         demand[job.tenant] = demand.get(job.tenant, 0) + job.scale
         held = gpus[job.id]
+        before = state.running.get(job.id)
+        if before is not None and preempted(
+            held={before: job.scale}, won={t: round(x) for t, x in held.items()}
+        ):
+            state.preemptions[job.id] = state.preemptions.get(job.id, 0) + 1
+            state.restarting.add(job.id)
         rate = sum(job.throughput[t] * x / job.scale for t, x in held.items())
         used_seconds = round_seconds
         if rate > 0:
             state.first_run.setdefault(job.id, start)
-            if state.remaining[job.id] <= rate * round_seconds:
-                used_seconds = state.remaining[job.id] / rate
+            lost = 0.0
+            if job.id in state.restarting:
+                state.restarting.discard(job.id)
+                lost = float(config.restart_seconds)
+                state.lost_seconds[job.id] = state.lost_seconds.get(job.id, 0.0) + lost
+            if state.remaining[job.id] <= rate * (round_seconds - lost):
+                used_seconds = lost + state.remaining[job.id] / rate
                 state.finish[job.id] = start + used_seconds
                 state.remaining[job.id] = 0.0
             else:
-                state.remaining[job.id] -= rate * round_seconds
+                state.remaining[job.id] -= rate * (round_seconds - lost)
         limits = state.limits.get(job.id)
         if limits is None:
             limits = state.limits[job.id] = limit_prices(job, tiers)
@@ -271,6 +313,7 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
                 usage=state.usage,
                 weights=weights,
                 round_seconds=round_seconds,
+                restart_seconds=config.restart_seconds,
                 reserve=config.reserve,
                 max_share_pct=config.max_share_pct,
                 params=config.params,
@@ -310,6 +353,8 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
             first_run=state.first_run.get(job.id),
             finish=state.finish.get(job.id),
             spend=state.spend[job.id],
+            preemptions=state.preemptions.get(job.id, 0),
+            lost_seconds=state.lost_seconds.get(job.id, 0.0),
         )
         for job in order
     ]

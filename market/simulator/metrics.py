@@ -9,10 +9,14 @@ Per job:
   as well as on its fair share of the cluster, had it been alone on it;
 - short: the job needs less than one round even alone on its fastest GPU type. Scheduling in
   rounds alone makes such a job's rho large (it waits for a boundary, then may hold GPUs it
-  no longer needs), so rho figures are given for the other jobs, and short jobs apart.
+  no longer needs), so rho figures are given for the other jobs, and short jobs apart;
+- an hour or more: the job needs at least an hour alone on its fastest GPU type (the worst
+  rho over these is also given);
+- preemptions: times its running gang was stopped or moved (``engine.py``).
 
 Per policy: mean and p95 JCT (all finished jobs), makespan (first arrival to last finish),
-worst rho and the share of jobs with rho > 1, utilisation (GPU-time used / offered over the
+worst rho and the share of jobs with rho > 1, the worst rho over jobs of an hour or more,
+preemptions per job (mean, max, total), utilisation (GPU-time used / offered over the
 rounds in which some job was in the system), and per tenant: Jain's index of the tenants'
 normalised shares per round and credits spent.
 """
@@ -27,6 +31,8 @@ import numpy as np
 
 from market.simulator.engine import JobOutcome, SimResult
 from market.simulator.policies import equal_share_rate
+
+HOUR = 3600.0  # seconds
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -79,6 +85,7 @@ class JobFairness:
     isolated: float  # seconds: steps / rate on 1/N of every type
     rho: float
     short: bool
+    hour: bool  # needs an hour or more alone on its fastest type
 
 
 def job_fairness(result: SimResult) -> dict[int, JobFairness]:
@@ -101,6 +108,7 @@ def job_fairness(result: SimResult) -> dict[int, JobFairness]:
             isolated=isolated,
             rho=o.jct / isolated,
             short=alone < round_seconds,
+            hour=alone >= HOUR,
         )
     return fairness
 
@@ -128,6 +136,11 @@ class Summary:
     wall_seconds: float
     extrapolated_jobs: int
     shrunk_jobs: int
+    rho_worst_hour: float = math.nan  # over finished jobs of an hour or more
+    preemptions_mean: float = 0.0  # per job
+    preemptions_max: int = 0
+    preemptions_total: int = 0
+    restart_seconds: int = 0  # the restart cost it ran with
 
     @property
     def spend_total(self) -> int:
@@ -155,6 +168,8 @@ def summarise(result: SimResult) -> Summary:
     fairness = job_fairness(result)
     long_rhos = [f.rho for f in fairness.values() if not f.short]
     short_rhos = [f.rho for f in fairness.values() if f.short]
+    hour_rhos = [f.rho for f in fairness.values() if f.hour]
+    preemptions = [o.preemptions for o in result.jobs]
     jains = [
         j
         for r in result.rounds
@@ -188,6 +203,11 @@ def summarise(result: SimResult) -> Summary:
         wall_seconds=result.wall_seconds,
         extrapolated_jobs=sum(o.job.extrapolated for o in result.jobs),
         shrunk_jobs=result.shrunk_jobs,
+        rho_worst_hour=max(hour_rhos) if hour_rhos else math.nan,
+        preemptions_mean=mean(preemptions) if preemptions else 0.0,
+        preemptions_max=max(preemptions, default=0),
+        preemptions_total=sum(preemptions),
+        restart_seconds=result.config.restart_seconds,
     )
 
 

@@ -12,12 +12,20 @@ Two job models:
   a job thus receives its target share of each type. GPUs still free afterwards go to the
   unplaced jobs, oldest first, on their fastest type with room (work conservation, as
   Gavel's scheduler also runs jobs with no allocation when workers are left).
+  With a restart cost r (seconds; R the round length) a gang that ran on a type in the
+  previous round keeps its place more readily, as a standing order's restart value keeps it
+  in the clearing: the priority is target x (rounds + 1) / (received + 1/2), so a job not yet
+  run under a new plan is not put before every other (which would move every gang with a
+  share each time the plan changes), an incumbent's priority on its type is multiplied by
+  1 + r / R, and free GPUs go first to incumbents on the type they ran on. With r = 0
+  nothing changes.
 - ``fluid`` (the relaxation): job m holds X[m, t] x s_m GPUs of every type t at once and
   advances at sum_t T[m, t] X[m, t]; fractional GPUs, types mixed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from market.simulator.policies import Fractions, Tiers
@@ -64,16 +72,34 @@ class Ledger:
 
 
 def place_gangs(
-    jobs: list[Job], fractions: Fractions, tiers: Tiers, ledger: Ledger
+    jobs: list[Job],
+    fractions: Fractions,
+    tiers: Tiers,
+    ledger: Ledger,
+    *,
+    running: Mapping[int, str] | None = None,
+    restart_share: float = 0.0,
 ) -> dict[int, str]:
-    """The GPU type each placed job's whole gang runs on this round (see the module doc)."""
+    """The GPU type each placed job's whole gang runs on this round (see the module doc).
+
+    ``running``: job id -> the type its gang ran on last round; ``restart_share``: the restart
+    cost as a share of a round (0 = none: ``running`` is then ignored)."""
+    running = running if restart_share > 0 else {}
     entries: list[tuple[float, float, float, float, int, str]] = []
     for job in jobs:
         for gpu_type, target in fractions.get(job.id, {}).items():
             if target <= 0 or job.throughput.get(gpu_type, 0) <= 0:
                 continue
             got = ledger.received.get(job.id, {}).get(gpu_type, 0)
-            priority = target * ledger.rounds / got if got else target * FIRST_TIME
+            if restart_share > 0:
+                # A job not yet run under this plan is not put first: that would move every
+                # gang with a share at each new plan. An incumbent's claim is worth the
+                # restart it saves, as a standing order's restart value in the clearing.
+                priority = target * (ledger.rounds + 1) / (got + 0.5)
+                if running.get(job.id) == gpu_type:
+                    priority *= 1 + restart_share
+            else:
+                priority = target * ledger.rounds / got if got else target * FIRST_TIME
             deficit = ledger.deficit(job.id, gpu_type, target)
             entries.append((-priority, -deficit, -target, job.arrival, job.id, gpu_type))
     entries.sort()
@@ -85,6 +111,11 @@ def place_gangs(
         if job_id not in placed and free[gpu_type] >= scale:
             placed[job_id] = gpu_type
             free[gpu_type] -= scale
+    for job in jobs:  # a gang that ran last round first, where it ran
+        gpu_type = running.get(job.id)
+        if job.id not in placed and gpu_type is not None and free[gpu_type] >= job.scale:
+            placed[job.id] = gpu_type
+            free[gpu_type] -= job.scale
     for job in jobs:  # already in arrival order: oldest first
         if job.id in placed or all(n < job.scale for n in free.values()):
             continue

@@ -34,11 +34,13 @@ def markdown_table(summaries: list[Summary]) -> str:
         "p95 JCT (h)",
         "makespan (h)",
         "worst rho",
+        "worst rho (>= 1 h)",
         "rho > 1",
         "short jobs",
         "short worst rho",
         "mean N",
         "Jain",
+        "preemptions/job (mean, max)",
         *spend_head,
     ]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -56,11 +58,13 @@ def markdown_table(summaries: list[Summary]) -> str:
             _num(s.jct_p95_h),
             _num(s.makespan_h, 1),
             _num(s.rho_worst),
+            _num(s.rho_worst_hour),
             _pct(s.rho_over_one),
             str(s.short_jobs),
             _num(s.short_rho_worst),
             _num(s.contention_mean, 1),
             f"{s.jain:.3f}",
+            f"{s.preemptions_mean:.1f}, {s.preemptions_max}",
             *spend,
         ]
         rows.append("| " + " | ".join(cells) + " |")

@@ -77,3 +77,28 @@ def test_a_deficit_is_carried_into_the_next_plan():
 def test_fluid_model_holds_fractions_of_every_type_at_once():
     gpus = fluid_gpus([job(0, scale=4)], {0: {"v100": 0.5, "k80": 0.25}}, {"v100": 8, "k80": 8})
     assert gpus == {0: {"v100": 2.0, "k80": 1.0}}
+
+
+def test_with_a_restart_cost_free_gpus_go_first_to_the_gang_that_ran_there():
+    older, incumbent = job(0, arrival=0.0), job(1, arrival=10.0)
+    # No shares: both wait for leftover GPUs; the older job would be first, but the job
+    # that ran on the v100 last round keeps it when moving it would cost a restart.
+    free_for_all = place_gangs([older, incumbent], {}, {"v100": 1}, Ledger(), running={1: "v100"})
+    assert free_for_all == {0: "v100"}
+    kept = place_gangs(
+        [older, incumbent], {}, {"v100": 1}, Ledger(), running={1: "v100"}, restart_share=1 / 6
+    )
+    assert kept == {1: "v100"}
+
+
+def test_with_a_restart_cost_a_new_plan_does_not_move_every_gang_at_once():
+    # Two jobs with equal shares of one GPU; the second ran last round. Without a restart cost
+    # a new plan puts the job not yet run first; with one the incumbent keeps its place.
+    a, b = job(0), job(1)
+    shares = {0: {"v100": 0.5}, 1: {"v100": 0.5}}
+    ledger = Ledger()
+    ledger.new_plan({})
+    assert place_gangs([a, b], shares, {"v100": 1}, ledger, running={1: "v100"}) == {0: "v100"}
+    assert place_gangs(
+        [a, b], shares, {"v100": 1}, ledger, running={1: "v100"}, restart_share=1 / 6
+    ) == {1: "v100"}

@@ -85,6 +85,8 @@ def test_simulate_command_writes_the_report(tmp_path):
         "jobs",
         "--round-minutes",
         "6",
+        "--restart-seconds",
+        "60",
         "--format",
         "markdown",
         "--out",
@@ -94,7 +96,8 @@ def test_simulate_command_writes_the_report(tmp_path):
     )
     text = out.getvalue()
     assert "6 jobs of head40.trace" in text and "one tenant per job" in text
-    assert "6-minute rounds, gang job model" in text
+    assert "6-minute rounds, gang job model, 60 s restart cost" in text
+    assert "preemptions/job (mean, max)" in text
     assert "| fifo | 6/6 |" in text and "| gavel-maxmin | 6/6 |" in text
     assert "- maxmin worst rho <= Gavel max-min's:" in text
     assert (tmp_path / "report.html").exists() and (tmp_path / "summary.md").exists()
@@ -109,6 +112,9 @@ def test_simulate_command_writes_the_report(tmp_path):
         (["--tenants", "0"], "at least one tenant"),
         (["--tenants", "everyone"], "positive whole number or 'jobs'"),
         (["--round-minutes", "0"], "round length must be positive"),
+        (["--restart-seconds", "-1"], "restart cost must be 0 or more"),
+        (["--round-minutes", "1", "--restart-seconds", "60"], "shorter than a round"),
+        (["--job-model", "fluid", "--restart-seconds", "30"], "needs the gang job model"),
     ],
 )
 def test_simulate_command_refuses_bad_arguments_with_status_2(tmp_path, args, message):

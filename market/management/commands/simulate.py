@@ -152,6 +152,12 @@ class Command(BaseCommand):
             help="fair-share: decay half-life of past usage (Slurm's default 7 days)",
         )
         parser.add_argument(
+            "--restart-seconds",
+            type=int,
+            default=0,
+            help="progress a gang loses each time it is stopped or moved (default 0: the papers' setting)",
+        )
+        parser.add_argument(
             "--format",
             choices=FORMATS,
             default="text",
@@ -215,6 +221,7 @@ class Command(BaseCommand):
                 max_rounds=options["rounds"],
                 job_model=options["job_model"],
                 half_life_hours=options["half_life_hours"],
+                restart_seconds=options["restart_seconds"],
             )
             config.validate()
             results = []
@@ -235,7 +242,7 @@ class Command(BaseCommand):
             f"{len(jobs)} jobs of {trace.name} ({summaries[0].extrapolated_jobs} with throughput scaled from a "
             f"smaller measured gang, {results[0].shrunk_jobs} gangs larger than any GPU type run on the largest), "
             f"tiers {options['tiers']}, {who}, {config.round_minutes:g}-minute rounds, "
-            f"{config.job_model} job model. Machine: {machine()}."
+            f"{config.job_model} job model, {config.restart_seconds} s restart cost. Machine: {machine()}."
         )
         paths = report_write(
             results=results, summaries=summaries, out=out, command=command, context=context
@@ -252,7 +259,7 @@ class Command(BaseCommand):
         for s in summaries:
             self.stdout.write(
                 f"{s.policy}: {s.rounds} rounds, {s.plans} plans in {s.wall_seconds:.1f} s "
-                f"(policy {s.solve_seconds:.1f} s)"
+                f"(policy {s.solve_seconds:.1f} s), {s.preemptions_total} preemptions"
             )
         self.stdout.write(f"report: {paths['html']}  table: {paths['markdown']}")
 

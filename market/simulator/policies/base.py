@@ -36,6 +36,7 @@ class View:
     usage: Mapping[int, float]  # tenant -> decayed GPU-seconds used (fair-share)
     weights: tuple[int, ...]  # tenant -> entitlement weight
     round_seconds: float
+    restart_seconds: int = 0  # progress a preempted gang loses when it next runs
     reserve: Mapping[str, int] = field(default_factory=dict)  # milli-credits per GPU-hour
     max_share_pct: Mapping[str, int] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)

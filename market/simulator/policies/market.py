@@ -1,8 +1,12 @@
 """The platform's own mechanisms (welfare, fisher, maxmin) through ``market.clearing.clear``.
 
-Each job bids for its whole gang (quantity = scale GPUs, no minimum) with a limit per GPU
-type proportional to its throughput there; its tenant is the job's tenant, with the
-tenant's weight. Only tenants with a job in the system take part, so an entitlement is a
+Each job is a standing order: its bid comes from ``market.orders.order_bid``, as the
+platform's round opener makes it, for its whole gang (scale GPUs) with a value per GPU type
+proportional to its throughput there, no spend limit, and the restart cost; a job whose gang
+ran on a type in the previous round bids that type with the incumbency restart value added,
+so the clearing moves it only for a larger gain. The simulator clears divisibly (time
+fractions), so the gang minimum is left to the realisation: the bid enters with no minimum.
+Its tenant is the job's tenant, with the tenant's weight. Only tenants with a job in the system take part, so an entitlement is a
 share of the tenants contending, as on the platform (a tenant that does not bid in a round
 is not in it). The round is cleared divisibly and the GPUs each job wins, divided by its
 gang size, are its time fractions; the engine realises them into whole gangs the same way
@@ -16,15 +20,43 @@ from typing import Any
 
 from market import clearing
 from market.clearing import inputs
+from market.orders import OrderBid, OrderState, order_bid
 from market.simulator.errors import SimulationError
 from market.simulator.policies.base import Fractions, Plan, View, limit_prices
+from market.simulator.trace import Job
 
 MILLI = 1000
+NO_CEILING = 10**15  # milli-credits: jobs in the simulator have no spend limit
+
+
+def job_bid(job: Job, view: View) -> OrderBid:
+    """The standing order's bid for ``job`` this round (milli-credits per GPU-hour)."""
+    running = view.running.get(job.id)
+    bid = order_bid(
+        OrderState(
+            gpus=job.scale,
+            min_gpus=job.scale,
+            values=limit_prices(job, view.tiers),
+            # Remaining work is steps, whose GPU-seconds depend on the type it runs on.
+            gpu_seconds_wanted=None,
+            gpu_seconds=0,
+            ceiling=NO_CEILING,
+            committed=0,
+            restart_seconds=view.restart_seconds,
+            incumbent={running: job.scale} if running is not None else {},
+            reserves=dict(view.reserve),
+        ),
+        window_seconds=round(view.round_seconds),
+    )
+    if not isinstance(bid, OrderBid):
+        raise SimulationError(f"job {job.id} made no bid: {bid.reason}")
+    return bid
 
 
 def _instance(view: View) -> inputs.Instance:
     """The round as the clearing package's instance; money in credits (its unit)."""
     tenants = sorted({job.tenant for job in view.jobs})
+    bids = {job.id: job_bid(job, view) for job in view.jobs}
     return inputs.Instance(
         tiers=tuple(
             inputs.Tier(
@@ -41,8 +73,8 @@ def _instance(view: View) -> inputs.Instance:
             inputs.Bid(
                 id=f"j{job.id:07d}",
                 tenant=f"t{job.tenant}",
-                quantity=float(job.scale),
-                limits={t: p / MILLI for t, p in limit_prices(job, view.tiers).items()},
+                quantity=float(bids[job.id].quantity),
+                limits={t: p / MILLI for t, p in bids[job.id].limits.items()},
             )
             for job in view.jobs
         ),
