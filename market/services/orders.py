@@ -23,9 +23,11 @@ from django.db.models import Sum
 import audit.services as audit
 from core.rows import rows_update
 from market.errors import MarketError
+from market.foresight import foresee
 from market.models import Allocation, Bid, BidLimit, Order, OrderLimit, Round, Tier
 from market.orders import NoBid, OrderState, order_bid, preempted
 from market.placement.inventory import tier_gpus
+from market.selectors import FORESIGHT_ROUNDS, price_history
 from market.services._common import MAX_GPUS, MAX_PRICE, cost_ceil, now_or, whole
 from market.services.bids import _cancel_locked, _check_member, _round_shared, window_seconds
 from market.services.policy import policy_active
@@ -718,8 +720,64 @@ def orders_bid(
                 )
     rows_update(orders, ["status", "status_reason", "hold_reason", "ended_at", "updated_at"])
     _notify_ended([o for o in orders if o.pk in report.ended])
+    _deadlines_check(
+        [o for o in orders if o.deadline is not None and o.pk not in report.ended],
+        values=values,
+        window=seconds,
+        now=now,
+    )
     report.bids = bids
     return report
+
+
+def _deadlines_check(
+    orders: list[Order], *, values: dict[int, dict[str, int]], window: int, now: datetime
+) -> None:
+    """A notice (once a day per order) for each order with a deadline that the recent rounds'
+    prices say it will miss at its values: the value it would need, or that no price will
+    do (market/foresight.py)."""
+    if not orders:
+        return
+    prices = [row["prices"] for row in price_history(limit=FORESIGHT_ROUNDS)]
+    notices = []
+    for order in orders:
+        mine = values.get(order.pk) or {}
+        if not mine or order.gpu_seconds_wanted is None:
+            continue
+        seen = foresee(
+            prices=prices,
+            values=mine,
+            gpus=order.gpus,
+            remaining_gpu_seconds=max(order.gpu_seconds_wanted - order.gpu_seconds, 0),
+            window_seconds=window,
+            now=now,
+            deadline=order.deadline,
+        )
+        if not seen.windows_needed or (seen.needed_value is None and not seen.needed_reason):
+            continue
+        windows_left = int((order.deadline - now).total_seconds() // window)
+        if not prices and windows_left >= seen.windows_needed:
+            continue  # no price history to judge by, and time enough
+        if seen.needed_value is not None:
+            if seen.needed_value <= max(mine.values()):
+                continue
+            advice = (
+                f"bid {credits(seen.needed_value)} credits/GPU-h to finish by "
+                f"{order.deadline:%a %d %b %H:%M} UTC (it offers at most "
+                f"{credits(max(mine.values()))})"
+            )
+        else:
+            advice = seen.needed_reason
+        notices.append(
+            _notice(
+                order,
+                "order_deadline_at_risk",
+                f"may miss its deadline: {advice}",
+                level=Notification.Level.WARNING,
+                key=f"order-deadline-risk:{order.pk}:{now:%Y-%m-%d}",
+            )
+        )
+    Notification.objects.bulk_create(notices, ignore_conflicts=True)
 
 
 def _hours(gpu_seconds: int | None) -> str:

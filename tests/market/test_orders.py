@@ -340,3 +340,22 @@ def test_voiding_a_round_takes_back_what_it_gave_the_order(market, team):
     orders_bid(round_id=market.round.pk, now=market.round.opens_at)
     assert Bid.objects.filter(order=order, round=market.round, status="open").exists()
     assert ledger_verify() == []
+
+
+def test_an_order_that_cannot_meet_its_deadline_is_told_so_once(market, team):
+    # Ten GPU-hours on two GPUs is five windows; the deadline leaves four.
+    order = _order(
+        team,
+        gpu_seconds_wanted=10 * HOUR,
+        deadline=market.round.starts_at + timedelta(hours=3, minutes=30),
+    )
+    notice = Notification.objects.get(kind="order_deadline_at_risk")
+    assert f"Order {order.pk}" in notice.message
+    assert "needs 5 more window(s) and only 4 remain" in notice.message
+    orders_bid(round_id=market.round.pk, order_ids=[order.pk], now=T0)
+    assert Notification.objects.filter(kind="order_deadline_at_risk").count() == 1
+
+
+def test_an_order_on_course_for_its_deadline_gets_no_warning(market, team):
+    _order(team, gpu_seconds_wanted=4 * HOUR, deadline=market.round.starts_at + timedelta(days=2))
+    assert not Notification.objects.filter(kind="order_deadline_at_risk").exists()
