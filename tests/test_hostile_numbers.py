@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from market.models import Bid, PolicyVersion, Tier
-from market.services import bid_place
+from market.services import bid_place, order_create
 from tenants.models import Membership
 from tests import factories
 from tests.market.marketkit import market_make
@@ -98,7 +98,11 @@ def world(client):
         else market.round.opens_at,
     )  # fmt: skip
     admin = factories.admin_user()
+    order = order_create(
+        user=manager, tenant=tenant, name="walk", values={"a100": 2000}, gpus=1, ceiling=50_000
+    )
     return {
+        "order": order,
         "tenant": tenant,
         "manager": manager,
         "admin": admin,
@@ -122,6 +126,12 @@ def _targets(world) -> list[tuple]:
         (reverse("policy_new"), "admin", set()),
         (f"/admin/tenants/tenant/{world['tenant'].pk}/grant/", "admin", {"amount"}),
         (reverse("planned_campaigns"), "manager", {"gpu_hours", "priority"}),
+        (reverse("order_new"), "manager", {"gpus", "min_gpus", "restart_minutes"}),
+        (
+            reverse("order_edit", args=[world["order"].pk]),
+            "manager",
+            {"gpus", "min_gpus", "restart_minutes"},
+        ),
     ]
 
 
@@ -142,6 +152,9 @@ NO_NUMBER = {
     "bid_cancel",
     "confirm",
     "planned_campaign_withdraw",
+    "order_pause",
+    "order_resume",
+    "order_cancel",
     # A JSON document: its numbers are walked in tests/planning/test_views.py.
     "scenarios",
 }
@@ -149,7 +162,7 @@ COVERED = {
     "bid_new", "bid_edit", "bid_preview", "team_budget_set", "staff_credits", "staff_budgets",
     "staff_tenants", "staff_tiers", "staff_tier_update", "policy_new", "policy_edit",
     "policy_replay", "policy_round_void", "team_members", "login", "admin_grant",
-    "planned_campaigns",
+    "planned_campaigns", "order_new", "order_edit",
 }  # fmt: skip
 
 
@@ -173,6 +186,7 @@ def test_every_post_form_in_the_templates_is_walked_or_holds_no_number():
         "confirm": "confirm",  # core/confirm.py: a yes/no page, hidden fields only
         "campaigns": "planned_campaigns",
         "scenarios": "scenarios",
+        "order_form": "order_new",
     }
     resolved = {forms_posting_to_their_page.get(n, n) for n in names}
     unknown = resolved - COVERED - NO_NUMBER
@@ -328,6 +342,14 @@ def _recipes(world) -> dict[str, tuple[str, str, dict]]:
     soon = timezone.now() + timedelta(days=2)
     dates = {"starts_at": f"{soon:%Y-%m-%d %H:%M}", "ends_at": f"{soon + timedelta(days=1):%Y-%m-%d %H:%M}"}  # fmt: skip
     bid_terms = {"quantity": "1", "min_quantity": "1", "limit_a100": "2"}
+    order = world["order"]
+    order_terms = {
+        "name": "walk",
+        "value_a100": "2",
+        "gpus": "1",
+        "ceiling": "50",
+        "restart_minutes": "5",
+    }
     policy = reverse("policy_edit", args=[world["policy"].number])
     return {
         "bid_new": ("manager", reverse("bid_new"), {
@@ -374,6 +396,11 @@ def _recipes(world) -> dict[str, tuple[str, str, dict]]:
             "tenant": str(world["tenant"].pk), "window": "day", "mode": "soft", "cap": "10"}),
         "api_tokens": ("manager", reverse("api_tokens"), {"name": "walk"}),
         "api_token_revoke": ("manager", reverse("api_token_revoke", args=[1]), {}),
+        "order_new": ("manager", reverse("order_new"), order_terms),
+        "order_edit": ("manager", reverse("order_edit", args=[order.pk]), order_terms),
+        "order_pause": ("manager", reverse("order_pause", args=[order.pk]), {}),
+        "order_resume": ("manager", reverse("order_resume", args=[order.pk]), {}),
+        "order_cancel": ("manager", reverse("order_cancel", args=[order.pk]), {"confirm": "1"}),
         "tenants_tenant_grant": ("admin", f"/admin/tenants/tenant/{world['tenant'].pk}/grant/", {
             "amount": "10", "reason": "walk"}),
     }  # fmt: skip
