@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -173,7 +174,7 @@ class OrderForm(forms.Form):
         help_text="All or nothing below this many; empty = all of them (a rigid gang), 1 = any number helps.",
     )
     gpu_hours = forms.DecimalField(
-        min_value=0.001,
+        min_value=Decimal("0.001"),
         max_digits=12,
         decimal_places=3,
         required=False,
