@@ -208,6 +208,9 @@ class Order(models.Model):
     rounds_won = models.PositiveIntegerField(default=0)
     rounds_lost = models.PositiveIntegerField(default=0)
     preemptions = models.PositiveIntegerField(default=0)
+    # A client's retry key (the API's Idempotency-Key): creating with a key used before
+    # returns the first order instead of a second one.
+    idempotency_key = models.CharField(max_length=80, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     ended_at = models.DateTimeField(null=True, blank=True)
@@ -223,6 +226,11 @@ class Order(models.Model):
             models.CheckConstraint(condition=Q(ceiling__gt=0), name="order_ceiling_positive"),
             models.CheckConstraint(
                 condition=Q(spent__lte=F("ceiling")), name="order_spent_within_ceiling"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="order_unique_idempotency_key",
             ),
         ]
         indexes = [models.Index(fields=["status", "tenant"])]

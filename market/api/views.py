@@ -124,6 +124,14 @@ def limits_checked(limits: dict) -> dict[str, int]:
     return dict(limits)
 
 
+ORDER_IDEMPOTENCY_HEADER = OpenApiParameter(
+    name="Idempotency-Key",
+    location=OpenApiParameter.HEADER,
+    required=False,
+    type=str,
+    description="Up to 80 characters. Retrying a POST with the same key returns the order the "
+    "first attempt created instead of creating a second one.",
+)
 IDEMPOTENCY_HEADER = OpenApiParameter(
     name="Idempotency-Key",
     location=OpenApiParameter.HEADER,
@@ -333,6 +341,7 @@ class OrderViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
 
     @extend_schema(
         request=OrderCreateSerializer,
+        parameters=[ORDER_IDEMPOTENCY_HEADER],
         responses={201: OrderSerializer},
         summary="Create a standing order (it bids from the round open now on)",
     )
@@ -360,6 +369,7 @@ class OrderViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
                 campaign=campaign,
                 command=data["command"],
                 slurm_job=data["slurm_job"],
+                idempotency_key=request.headers.get("Idempotency-Key") or None,
             )
         except DomainError as exc:
             raise _order_refused(exc) from exc

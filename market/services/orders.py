@@ -207,15 +207,31 @@ def order_create(
     campaign: Campaign | None = None,
     command: str = "",
     slurm_job: str = "",
+    idempotency_key: str | None = None,
     now: datetime | None = None,
 ) -> Order:
     """A standing order for ``tenant``: from the round open now on, every round gets its bid
     (``values``: {tier slug: the most it pays, milli-credits per GPU-hour}) until it has
     ``gpu_seconds_wanted`` (None: until cancelled), its ``ceiling`` (milli-credits) is spent,
     or its ``deadline`` passes. ``min_gpus`` (default ``gpus``): all or nothing below it.
-    Refusals name the field; nothing is written."""
+    With an ``idempotency_key`` a retry returns the first order (the same key with another
+    name is refused). Refusals name the field; nothing is written."""
     now = now_or(now)
     _check_member(user=user, tenant=tenant)
+    key = (idempotency_key or "").strip()
+    if len(key) > 80:
+        raise MarketError("idempotency_key: at most 80 characters")
+    if key:
+        # The tenant's row serialises two creates racing on one key.
+        Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+        previous = Order.objects.filter(tenant=tenant, idempotency_key=key).first()
+        if previous is not None:
+            if previous.name != str(name or "").strip():
+                raise MarketError(
+                    f"idempotency_key: {key!r} was used for order {previous.pk} "
+                    f"({previous.name!r}); use a new key"
+                )
+            return previous
     terms = _terms(
         name=name,
         values=values,
@@ -247,6 +263,7 @@ def order_create(
         restart_seconds=terms.restart_seconds,
         command=command,
         slurm_job=slurm_job,
+        idempotency_key=key,
     )
     OrderLimit.objects.bulk_create(
         [OrderLimit(order=order, tier=terms.tiers[s], price=p) for s, p in terms.values.items()]

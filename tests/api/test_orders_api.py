@@ -103,3 +103,16 @@ def test_the_orders_current_allocation_on_a_node(world):
     assert api.get(url).json()["id"] == allocation.pk
     assert api.get(url, {"node": "node-1"}).json()["id"] == allocation.pk
     assert api.get(url, {"node": "node-9"}).status_code == 404
+
+
+def test_a_retried_create_with_its_idempotency_key_makes_one_order(world):
+    api = world.a.client()
+    headers = {"HTTP_IDEMPOTENCY_KEY": "sweep-2026-11-28"}
+    first = api.post("/api/v1/orders", BODY, format="json", **headers)
+    again = api.post("/api/v1/orders", BODY, format="json", **headers)
+    assert first.status_code == 201 and again.status_code in (200, 201)
+    assert again.json()["id"] == first.json()["id"]
+    assert Order.objects.filter(name="sweep").count() == 1
+    assert Bid.objects.filter(order_id=first.json()["id"]).count() == 1
+    other = api.post("/api/v1/orders", BODY | {"name": "other"}, format="json", **headers)
+    assert other.status_code == 409 and "idempotency_key" in other.json()["error"]["message"]
