@@ -49,10 +49,6 @@ def _pure(command: str, argv: list[str]) -> int | None:
         from gpumarket.order_cli import main as order_main
 
         return order_main(argv)
-    if command == "run" and any(a == "--order" or a.startswith("--order=") for a in argv):
-        from gpumarket.order_cli import run_main as order_run_main
-
-        return order_run_main(argv)
     if command == "run":
         from gpumarket.run import main as run_main
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from gpumarket.client import ApiError, Client, this_node
+from gpumarket.client import ApiError, Client
 
 ORDER_EXAMPLE = (
     "gpumarket order create --name sweep --value a100=2.5 --gpus 4 --gpu-hours 200 --ceiling 600"
@@ -215,66 +214,3 @@ def main(argv: list[str]) -> int:
     else:
         sys.stdout.write(_show(result) + "\n")
     return 0
-
-
-def _run_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gpumarket run",
-        description="Start a command on the GPUs an order holds on this node now (the order's "
-        "own command when none is given).",
-        epilog=f"example: {RUN_EXAMPLE}",
-    )
-    parser.add_argument("--order", type=int, required=True, help="the order's id")
-    parser.add_argument(
-        "--node",
-        default=None,
-        help="this node's name on the fleet page (default: GPUMARKET_NODE, else "
-        "GPUMARKET_SIM_NODE, else the host name)",
-    )
-    _connection(parser)
-    parser.add_argument(
-        "--print-env", action="store_true", help="print the environment lines instead of running"
-    )
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
-    return parser
-
-
-def run_main(argv: list[str]) -> int:
-    """Like ``gpumarket run --allocation``: the order's allocation on this node, then exec."""
-    parser = _run_parser()
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not args.token:
-        parser.error("give --token or set GPUMARKET_TOKEN (create one on the API tokens page)")
-    node = args.node or this_node()
-    try:
-        client = Client(args.url, token=args.token)
-        if not command and not args.print_env:
-            command = shlex.split(client.order(args.order).get("command") or "")
-            if not command:
-                parser.error(
-                    f"order {args.order} has no command: give one after --, e.g. {RUN_EXAMPLE}"
-                )
-        allocation = client.order_allocation(args.order, node=node)
-        launch = client.launch(allocation["id"], node=node)
-    except ValueError as exc:
-        parser.error(str(exc))
-    except ApiError as exc:
-        if exc.status == 404 and "holds no GPUs" not in exc.message:
-            exc.message = f"order {args.order} is not one of your team's orders"
-        return _refused("gpumarket run", exc)
-    if args.print_env:
-        for key, value in sorted(launch["env"].items()):
-            sys.stdout.write(f"{key}={value}\n")
-        return 0
-    sys.stderr.write(
-        f"gpumarket run: order {args.order}, allocation {allocation['id']} on {node}, GPUs "
-        f"{launch['env']['CUDA_VISIBLE_DEVICES']}\n"
-    )
-    sys.stderr.flush()
-    try:
-        os.execvpe(command[0], command, {**os.environ, **launch["env"]})
-    except OSError as exc:
-        sys.stderr.write(f"gpumarket run: cannot start {command[0]!r}: {exc}\n")
-        return 127
-    return 0  # not reached: exec replaced this process

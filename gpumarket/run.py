@@ -1,5 +1,6 @@
-"""``gpumarket run --allocation N -- COMMAND``: start COMMAND on the GPUs placed for
-allocation N on this node.
+"""``gpumarket run --allocation N -- COMMAND`` or ``gpumarket run --order N [-- COMMAND]``:
+start COMMAND on the GPUs placed for allocation N on this node, or on those standing order N
+holds on this node now (the order's own command when none is given).
 
 Asks the API for the launch (the allocation must be active, the token's team's, and placed on
 this node), then replaces itself with COMMAND, its environment carrying CUDA_VISIBLE_DEVICES,
@@ -11,20 +12,26 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from gpumarket.client import ApiError, Client, this_node
 
 USAGE_EXAMPLE = "gpumarket run --allocation 65 -- python train.py"
+ORDER_EXAMPLE = "gpumarket run --order 12 -- python train.py"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpumarket run",
-        description="Start a command on the GPUs placed for an allocation on this node.",
-        epilog=f"example: {USAGE_EXAMPLE}",
+        description="Start a command on the GPUs placed for an allocation on this node, or on "
+        "those a standing order holds on this node now (its own command when none is given).",
+        epilog=f"examples: {USAGE_EXAMPLE}\n          {ORDER_EXAMPLE}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--allocation", type=int, required=True, help="the allocation's id")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--allocation", type=int, help="the allocation's id")
+    which.add_argument("--order", type=int, help="the standing order's id")
     parser.add_argument(
         "--node",
         default=None,
@@ -54,18 +61,34 @@ def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command and not args.print_env:
+    if not command and not args.print_env and args.order is None:
         parser.error(f"give the command after --, e.g. {USAGE_EXAMPLE}")
     if not args.token:
         parser.error("give --token or set GPUMARKET_TOKEN (create one on the API tokens page)")
     node = args.node or this_node()
+    client = Client(args.url, token=args.token)
+    what = f"allocation {args.allocation}"
     try:
-        launch = Client(args.url, token=args.token).launch(args.allocation, node=node)
+        allocation = args.allocation
+        if args.order is not None:
+            if not command and not args.print_env:
+                command = shlex.split(client.order(args.order).get("command") or "")
+                if not command:
+                    parser.error(
+                        f"order {args.order} has no command: give one after --, e.g. "
+                        f"{ORDER_EXAMPLE}"
+                    )
+            what = f"order {args.order}"
+            allocation = client.order_allocation(args.order, node=node)["id"]
+            what = f"order {args.order}, allocation {allocation}"
+        launch = client.launch(allocation, node=node)
     except ValueError as exc:
         parser.error(str(exc))
     except ApiError as exc:
-        if exc.status == 404:
-            why = f"allocation {args.allocation} is not one of your team's allocations"
+        if exc.status == 404 and "holds no GPUs" not in exc.message:
+            kind = "order" if args.order is not None else "allocation"
+            number = args.order if args.order is not None else args.allocation
+            why = f"{kind} {number} is not one of your team's {kind}s"
         else:
             why = exc.message
         sys.stderr.write(f"gpumarket run: refused: {why}\n")
@@ -75,8 +98,7 @@ def main(argv: list[str]) -> int:
             sys.stdout.write(f"{key}={value}\n")
         return 0
     sys.stderr.write(
-        f"gpumarket run: allocation {args.allocation} on {node}, GPUs "
-        f"{launch['env']['CUDA_VISIBLE_DEVICES']}\n"
+        f"gpumarket run: {what} on {node}, GPUs {launch['env']['CUDA_VISIBLE_DEVICES']}\n"
     )
     sys.stderr.flush()
     try:
