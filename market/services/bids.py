@@ -47,6 +47,24 @@ class _Terms:
     tiers: dict[str, Tier]
 
 
+def tiers_on_offer(slugs: list[Any], *, then: str, field: str = "") -> dict[str, Tier]:
+    """{slug: Tier} for ``slugs``, each an active tier; MarketError naming the unknown or
+    inactive ones (prefixed with ``field`` when given), the latter ending with ``then``."""
+    prefix = f"{field}: " if field else ""
+    tiers = Tier.objects.in_bulk([str(slug) for slug in slugs], field_name="slug")
+    unknown = sorted(str(slug) for slug in slugs if slug not in tiers)
+    if unknown:
+        offered = Tier.objects.filter(active=True).values_list("slug", flat=True)
+        raise MarketError(
+            f"{prefix}unknown tier {', '.join(unknown)}; tiers on offer: "
+            f"{', '.join(offered) or 'none'}"
+        )
+    inactive = sorted(slug for slug, tier in tiers.items() if not tier.active)
+    if inactive:
+        raise MarketError(f"{prefix}tier {', '.join(inactive)} is not on offer now; {then}")
+    return tiers
+
+
 def _terms(*, quantity: Any, min_quantity: Any, limits: Any) -> _Terms:
     quantity = whole(quantity, field="quantity (GPUs)", minimum=1, maximum=MAX_GPUS)
     min_quantity = whole(min_quantity, field="minimum quantity (GPUs)", minimum=0, maximum=MAX_GPUS)
@@ -57,16 +75,7 @@ def _terms(*, quantity: Any, min_quantity: Any, limits: Any) -> _Terms:
         )
     if not isinstance(limits, dict) or not limits:
         raise MarketError("a bid needs a limit price for at least one tier")
-    tiers = Tier.objects.in_bulk(list(limits), field_name="slug")
-    unknown = sorted(str(slug) for slug in limits if slug not in tiers)
-    if unknown:
-        offered = Tier.objects.filter(active=True).values_list("slug", flat=True)
-        raise MarketError(
-            f"unknown tier {', '.join(unknown)}; tiers on offer: {', '.join(offered) or 'none'}"
-        )
-    inactive = sorted(slug for slug, tier in tiers.items() if not tier.active)
-    if inactive:
-        raise MarketError(f"tier {', '.join(inactive)} is not on offer now; bid on another tier")
+    tiers = tiers_on_offer(list(limits), then="bid on another tier")
     clean = {
         slug: whole(
             price,

@@ -29,7 +29,13 @@ from market.orders import NoBid, OrderState, order_bid, preempted
 from market.placement.inventory import tier_gpus
 from market.selectors import FORESIGHT_ROUNDS, price_history
 from market.services._common import MAX_GPUS, MAX_PRICE, cost_ceil, now_or, whole
-from market.services.bids import _cancel_locked, _check_member, _round_shared, window_seconds
+from market.services.bids import (
+    _cancel_locked,
+    _check_member,
+    _round_shared,
+    tiers_on_offer,
+    window_seconds,
+)
 from market.services.policy import policy_active
 from tenants.access import access_object
 from tenants.budgets import budget_usage, tenant_hard_capped
@@ -91,16 +97,7 @@ def _terms(
     )
     if not isinstance(values, dict) or not values:
         raise MarketError("values: give the most you pay per GPU-hour on at least one tier")
-    tiers = Tier.objects.in_bulk([str(s) for s in values], field_name="slug")
-    unknown = sorted(str(slug) for slug in values if slug not in tiers)
-    if unknown:
-        offered = Tier.objects.filter(active=True).values_list("slug", flat=True)
-        raise MarketError(
-            f"values: unknown tier {', '.join(unknown)}; tiers on offer: {', '.join(offered) or 'none'}"
-        )
-    inactive = sorted(slug for slug, tier in tiers.items() if not tier.active)
-    if inactive:
-        raise MarketError(f"values: tier {', '.join(inactive)} is not on offer now")
+    tiers = tiers_on_offer(list(values), field="values", then="value another tier")
     clean = {
         slug: whole(
             price,
