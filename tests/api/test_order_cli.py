@@ -177,3 +177,74 @@ def test_run_order_starts_the_command_on_the_orders_allocation(live_world, live_
         "--print-env",
     )
     assert foreign.returncode == 2 and "not one of your team's orders" in foreign.stderr
+
+
+FOLLOWED = (
+    "import os, time\n"
+    "with open(os.environ['OUT'], 'a') as out:\n"
+    "    out.write(f\"{os.getpid()} {os.environ['CUDA_VISIBLE_DEVICES']}\\n\")\n"
+    "time.sleep(600)\n"
+)
+
+
+def _lines(path: Path) -> list[list[str]]:
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _until(predicate, seconds: float = 30) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_run_follow_starts_the_work_again_where_the_order_moved_and_ends_with_it(
+    live_world, live_server, tmp_path
+):
+    import signal
+
+    from market.models import Allocation
+
+    world = live_world
+    client = Client(live_server.url, world.a.token)
+    order = client.create_order(name="follow", values={TIER: "2.5"}, gpus=2, ceiling="40")
+    allocation = world.a.allocation
+    Bid.objects.filter(pk=allocation.bid_id).update(order_id=order["id"])
+    allocation.placement = [{"node": "node-1", "index": i, "uuid": f"GPU-{i}"} for i in (2, 3)]
+    allocation.launch_secret = secrets.token_hex(32)
+    allocation.save()
+    out = tmp_path / "runs.txt"
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "gpumarket", "run", "--order", str(order["id"]), "--node",
+         "node-1", "--follow", "--poll", "0.2", "--", sys.executable, "-c", FOLLOWED],
+        cwd=ROOT,
+        env={**os.environ, "GPUMARKET_TOKEN": world.a.token, "GPUMARKET_URL": live_server.url,
+             "OUT": str(out)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert _until(lambda: len(_lines(out)) == 1), follower.stderr
+        first_pid, gpus = _lines(out)[0]
+        assert gpus == "2,3"
+        # The order now holds GPUs 0 and 1; enforcement stops the copy on the old ones.
+        allocation.placement = [{"node": "node-1", "index": i, "uuid": f"GPU-{i}"} for i in (0, 1)]
+        allocation.save()
+        os.kill(int(first_pid), signal.SIGTERM)
+        assert _until(lambda: len(_lines(out)) == 2)
+        second_pid, gpus = _lines(out)[1]
+        assert gpus == "0,1" and second_pid != first_pid
+        # The order ends; its window with it; the work is stopped; the follower is done.
+        client.cancel_order(order["id"])
+        Allocation.objects.filter(pk=allocation.pk).update(status="finished")
+        os.kill(int(second_pid), signal.SIGTERM)
+        assert follower.wait(timeout=30) == 0
+        assert "is cancelled; nothing more to run here" in follower.stderr.read()
+        assert len(_lines(out)) == 2
+    finally:
+        if follower.poll() is None:
+            follower.kill()
