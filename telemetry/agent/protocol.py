@@ -7,6 +7,7 @@ what the server sends back. Units are in the field names (MiB, W, J, degrees C, 
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ DEFAULT_CHECKPOINT_SIGNAL = "USR1"
 CHECKPOINT_SIGNALS: frozenset[str] = frozenset(
     {"HUP", "INT", "QUIT", "USR1", "USR2", "ALRM", "TERM", "URG", "XCPU"}
 )
+# A Slurm reservation name as the platform makes them (letters, digits, '-', '_', '.'), never
+# one that could read as an option on scontrol's command line.
+SLURM_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 
 def utcnow() -> datetime:
@@ -190,6 +194,9 @@ class Directive:
     reason: str
     # For suspend: the signal sent at once, without the SIG prefix (one of CHECKPOINT_SIGNALS).
     checkpoint_signal: str = DEFAULT_CHECKPOINT_SIGNAL
+    # For resume of a Slurm job: the reservation of the allocation it resumes under, which a
+    # released job is moved into (set only when the server makes Slurm reservations).
+    slurm_reservation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +253,13 @@ def _checkpoint_signal(raw: Mapping[str, Any]) -> str:
     return name
 
 
+def _slurm_reservation(raw: Mapping[str, Any]) -> str | None:
+    value = _optional_str(raw, "slurm_reservation")
+    if value is not None and not SLURM_NAME.match(value):
+        raise ValueError(f"slurm_reservation must be a Slurm name, not {value!r}")
+    return value
+
+
 def directive_parse(raw: object) -> Directive:
     """Validate one entry of the response's `directives` list."""
     if not isinstance(raw, Mapping):
@@ -270,6 +284,7 @@ def directive_parse(raw: object) -> Directive:
             grace_seconds=DEFAULT_GRACE_SECONDS if grace is None else max(grace, 0),
             reason=str(raw.get("reason") or ""),
             checkpoint_signal=_checkpoint_signal(raw),
+            slurm_reservation=_slurm_reservation(raw),
         )
     except ValueError as exc:
         raise DirectiveInvalid(str(exc), directive_id=directive_id) from exc

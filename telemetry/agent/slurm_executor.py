@@ -5,7 +5,9 @@ Each directive first reads the job's state (`scontrol show job`), then:
 - pause -> `scontrol suspend`: the job keeps its resources.
 - resume -> a suspended job: `scontrol resume`; a pending held job (requeued by suspend, or
   held while pending): `scontrol release`, and for a requeued one also `scontrol update
-  StartTime=now`; a running job: nothing to do.
+  StartTime=now`; a running job: nothing to do. A resume that names a "slurm_reservation"
+  (the order's new allocation's) first moves a held job into it (`scontrol update
+  ReservationName=`), so it starts on the node reserved for the order.
 - terminate -> a running job: `scancel --signal=TERM --full` at once and `scancel` once the
   directive's grace period is over (Slurm then sends its own SIGTERM, and SIGKILL after the
   cluster's KillWait), so a job whose window ended can write a checkpoint; any other job:
@@ -145,7 +147,10 @@ class SlurmExecutor:
             )
         if directive.action == "resume":
             self._suspends_cancel(directive, jobs)
-            return outcome_combine(directive.id, [self._resume(directive.id, job) for job in jobs])
+            return outcome_combine(
+                directive.id,
+                [self._resume(directive.id, job, directive.slurm_reservation) for job in jobs],
+            )
         if directive.action == "terminate":
             self._suspends_cancel(directive, jobs)
         stop = _Stop(
@@ -176,10 +181,21 @@ class SlurmExecutor:
         self._stops = waiting
         return finished
 
-    def _resume(self, directive_id: int, job: str) -> DirectiveResult:
+    def _resume(self, directive_id: int, job: str, reservation: str | None) -> DirectiveResult:
         shown = self._show(directive_id, job)
         if isinstance(shown, DirectiveResult):
             return shown
+        into = ""
+        if reservation is not None and (shown.held or shown.reason == REQUEUED_HELD):
+            # Before the release, or Slurm could start it outside the order's new reservation.
+            moved = self._command(
+                directive_id,
+                job,
+                [self._scontrol, "update", f"JobId={job}", f"ReservationName={reservation}"],
+            )
+            if moved.outcome != "done":
+                return moved
+            into = f" into reservation {reservation}"
         if shown.reason == REQUEUED_HELD:
             # Also while the requeue is still COMPLETING: the release holds for when it ends.
             released = self._command(directive_id, job, [self._scontrol, "release", job])
@@ -189,10 +205,15 @@ class SlurmExecutor:
                 directive_id,
                 job,
                 [self._scontrol, "update", f"JobId={job}", "StartTime=now"],
-                done=f"scontrol release {job} (requeued; StartTime=now)",
+                done=f"scontrol release {job} (requeued; StartTime=now){into}",
             )
         if shown.held:
-            return self._command(directive_id, job, [self._scontrol, "release", job])
+            return self._command(
+                directive_id,
+                job,
+                [self._scontrol, "release", job],
+                done=f"scontrol release {job}{into}",
+            )
         if shown.state == "RUNNING":
             return DirectiveResult(
                 id=directive_id, outcome="done", detail=f"job {job} is running; nothing to do"

@@ -21,6 +21,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from market.models import Allocation
+from market.services.slurm_reservations import reservation_name
 from telemetry import selectors, services
 from telemetry.errors import TelemetryError
 from telemetry.models import EnforcementAction
@@ -52,6 +53,15 @@ def directive_to_wire(action: EnforcementAction) -> dict[str, Any]:
     }
     if action.action == EnforcementAction.Action.SUSPEND:
         wire["checkpoint_signal"] = settings.GPUMARKET_CHECKPOINT_SIGNAL
+    if (
+        action.action == EnforcementAction.Action.RESUME
+        and action.slurm_job
+        and settings.GPUMARKET_SLURM_RESERVATIONS
+        and action.allocation is not None
+        and action.allocation.placement
+    ):
+        # Settlement reserved the node for this allocation: a released job runs in it.
+        wire["slurm_reservation"] = reservation_name(action.allocation)
     return wire
 
 

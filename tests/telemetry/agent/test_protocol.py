@@ -150,3 +150,18 @@ def test_claims_the_server_would_refuse_are_sent_as_null_and_processes_capped():
         (None, None),
         ("4242", "train-0"),
     ]
+
+
+def test_resume_carries_the_slurm_reservation_it_runs_in():
+    directive = directive_parse(
+        {"id": 7, "action": "resume", "slurm_job": "77", "slurm_reservation": "gm-12"}
+    )
+
+    assert directive.slurm_reservation == "gm-12"
+    assert directive_parse({"id": 8, "action": "resume"}).slurm_reservation is None
+
+
+@pytest.mark.parametrize("wire", ["--help", "gm 12", "a=b", 12.5])
+def test_a_slurm_reservation_that_is_not_a_slurm_name_is_refused(wire):
+    with pytest.raises(DirectiveInvalid, match="slurm_reservation"):
+        directive_parse({"id": 9, "action": "resume", "slurm_reservation": wire})

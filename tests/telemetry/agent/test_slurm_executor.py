@@ -5,7 +5,7 @@ from telemetry.agent.protocol import Directive, ObservedProcess, ProcessSample
 from telemetry.agent.slurm_executor import SlurmExecutor
 
 
-def directive(action, *, slurm_job=None, pid=None, directive_id=1, signal="USR1"):
+def directive(action, *, slurm_job=None, pid=None, directive_id=1, signal="USR1", reservation=None):
     return Directive(
         id=directive_id,
         action=action,
@@ -18,6 +18,7 @@ def directive(action, *, slurm_job=None, pid=None, directive_id=1, signal="USR1"
         grace_seconds=30,
         reason="test",
         checkpoint_signal=signal,
+        slurm_reservation=reservation,
     )
 
 
@@ -47,6 +48,35 @@ def test_resume_releases_a_requeued_job_and_lets_it_start_now(scontrol):
     assert result.outcome == "done"
     assert result.detail == "scontrol release 1234 (requeued; StartTime=now)"
     assert scontrol()[1:] == [["release", "1234"], ["update", "JobId=1234", "StartTime=now"]]
+
+
+def test_resume_moves_a_requeued_job_into_its_orders_new_reservation_first(scontrol):
+    scontrol.job("1234", state="PENDING", reason="job_requeued_in_held_state")
+
+    result = SlurmExecutor().apply(
+        directive("resume", slurm_job="1234", reservation="gm-12"), observed={}
+    )
+
+    assert result.outcome == "done"
+    assert result.detail == (
+        "scontrol release 1234 (requeued; StartTime=now) into reservation gm-12"
+    )
+    assert scontrol()[1:] == [
+        ["update", "JobId=1234", "ReservationName=gm-12"],
+        ["release", "1234"],
+        ["update", "JobId=1234", "StartTime=now"],
+    ]
+
+
+def test_resume_of_a_running_job_sets_no_reservation(scontrol):
+    scontrol.job("1234")
+
+    result = SlurmExecutor().apply(
+        directive("resume", slurm_job="1234", reservation="gm-12"), observed={}
+    )
+
+    assert result.detail == "job 1234 is running; nothing to do"
+    assert scontrol() == [["show", "job", "1234", "--oneliner"]]
 
 
 def test_resume_releases_a_job_held_while_pending(scontrol):
