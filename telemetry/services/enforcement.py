@@ -20,6 +20,10 @@ Rules, per observed process:
   GPUs (the GPUs it runs on are kept first, then the lowest GPU ids);
 - otherwise it may run: a process this loop paused or suspended is resumed.
 
+And per Slurm job that a suspend requeued and held (it has no processes, so no sample shows
+it; held_jobs.py): when its order has a live allocation again it is resumed (released, into
+the allocation's Slurm reservation when there is one); when the order ended it is cancelled.
+
 Idempotent: an action is issued only when the process's *expected* state (what it is, or
 will be once pending directives are carried out) differs from what is wanted. A failed
 directive is retried after GPUMARKET_ENFORCE_RETRY_SECONDS, not on every tick.
@@ -56,6 +60,7 @@ from market.services import (
 )
 from market.services.cap_refunds import allocations_cap_recharge, allocations_cap_refund
 from telemetry.models import EnforcementAction, Node, ProcessObservation
+from telemetry.services.held_jobs import held_jobs
 from telemetry.services.notices import (
     window_ended_notify,
     work_paused_notify,
@@ -155,12 +160,20 @@ def directives_issue(*, now: datetime, capped: dict[int, Budget]) -> EnforceRepo
         .select_related("gpu", "node")
         .order_by("gpu_id", "pid")
     )
+    retry_after = timedelta(seconds=settings.GPUMARKET_ENFORCE_RETRY_SECONDS)
+    for held in held_jobs(
+        now=now,
+        retry_after=retry_after,
+        observed={(o.node_id, o.slurm_job) for o in observations if o.slurm_job},
+    ):
+        report.issued.append(
+            _issue(observation=held.suspend, verdict=held.verdict, action=held.action, now=now)
+        )
     if not observations:
         return report
     latest = _latest_actions(observations)
     by_gpu = {(o.gpu_id, o.pid): latest.get((o.node_id, o.pid)) for o in observations}
     wanted = verdicts(observations=observations, latest=by_gpu, capped=capped, now=now)
-    retry_after = timedelta(seconds=settings.GPUMARKET_ENFORCE_RETRY_SECONDS)
     # A process is signalled as a whole, so one that uses several GPUs gets one directive:
     # the strictest its GPUs call for (terminate, then pause), named on the first such GPU.
     processes: dict[tuple[int, int], list[ProcessObservation]] = defaultdict(list)
@@ -339,8 +352,14 @@ def _latest_actions(
 
 
 def _issue(
-    *, observation: ProcessObservation, verdict: Verdict, action: str, now: datetime
+    *,
+    observation: ProcessObservation | EnforcementAction,
+    verdict: Verdict,
+    action: str,
+    now: datetime,
 ) -> EnforcementAction:
+    """Issue and audit ``action`` on the observed process, or on the process and Slurm job an
+    earlier directive named (a held job has no process to observe)."""
     node: Node = observation.node
     grace = (
         settings.GPUMARKET_PREEMPT_GRACE_SECONDS
