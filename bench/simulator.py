@@ -4,6 +4,7 @@ two Gavel traces, with the goals checked, as Markdown.
     .venv/bin/python bench/simulator.py                 # both traces, every policy
     .venv/bin/python bench/simulator.py --only gavel    # just the first configuration
     .venv/bin/python bench/simulator.py --max-jobs 400  # a shorter dense run
+    .venv/bin/python bench/simulator.py --restart-seconds 60 --max-jobs 300  # with restarts
 
 Each configuration is one ``gpumarket simulate ... --format markdown`` command, printed with
 its output, so a figure in the doc can be rerun on its own.
@@ -40,6 +41,9 @@ def main() -> int:
     parser.add_argument("--only", choices=sorted(CONFIGURATIONS), default=None)
     parser.add_argument("--max-jobs", type=int, default=None, help="cap the dense trace")
     parser.add_argument("--policy", default=None, help="comma-separated (default: all)")
+    parser.add_argument(
+        "--restart-seconds", type=int, default=0, help="work lost per preemption (default 0)"
+    )
     args = parser.parse_args()
     env = {**os.environ, "DEBUG": os.environ.get("DEBUG", "1")}
     for name, trace_args in CONFIGURATIONS.items():
@@ -51,6 +55,9 @@ def main() -> int:
         if args.policy:
             extra += ["--policy", args.policy]
         out = Path("var") / "simulations" / f"bench-{name}"
+        if args.restart_seconds:
+            extra += ["--restart-seconds", str(args.restart_seconds)]
+            out = out.with_name(f"{out.name}-restart{args.restart_seconds}")
         command = [sys.executable, "-m", "gpumarket", "simulate", *trace_args, *extra]
         command += ["--out", str(out)]
         started = time.perf_counter()
