@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -317,3 +318,54 @@ def order_foresight(*, order: Order, now: datetime | None = None) -> Foresight:
         now=now,
         deadline=order.deadline,
     )
+
+
+@dataclass(frozen=True)
+class HardCapBlock:
+    """A team whose bids a hard cap left out of the latest cleared round."""
+
+    tenant: Tenant
+    round: Round
+    left_out: int  # bids left out
+    bids: int  # bids it had in the round
+    held: int  # milli-credits the left-out bids held in escrow when placed
+
+
+def hard_cap_blocked_teams() -> list[HardCapBlock]:
+    """The teams a hard cap left bids of out of the latest cleared round, by name."""
+    rnd = (
+        Round.objects.filter(status__in=CLEARED, cleared_at__isnull=False)
+        .order_by("-cleared_at", "-pk")
+        .first()
+    )
+    if rnd is None:
+        return []
+    left_out = {int(pk) for pk in (rnd.diagnostics or {}).get("left_out_by_hard_cap") or {}}
+    if not left_out:
+        return []
+    per_tenant: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
+    held = dict(
+        Transfer.objects.filter(
+            kind=Transfer.Kind.HOLD, reference__in=[f"bid:{pk}" for pk in left_out]
+        )
+        .values_list("reference")
+        .annotate(total=Sum("amount"))
+        .order_by()
+    )
+    for pk, tenant_id in Bid.objects.filter(round=rnd).values_list("pk", "tenant_id"):
+        row = per_tenant[tenant_id]
+        row[1] += 1
+        if pk in left_out:
+            row[0] += 1
+            row[2] += int(held.get(f"bid:{pk}") or 0)
+    tenants = Tenant.objects.filter(pk__in=[t for t, r in per_tenant.items() if r[0]])
+    return [
+        HardCapBlock(
+            tenant=t,
+            round=rnd,
+            left_out=per_tenant[t.pk][0],
+            bids=per_tenant[t.pk][1],
+            held=per_tenant[t.pk][2],
+        )
+        for t in tenants.order_by("name")
+    ]

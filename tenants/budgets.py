@@ -17,6 +17,8 @@ from tenants.ledger import amount_validate, credits
 from tenants.models import Budget, Campaign, Notification, Tenant, Transfer
 
 ALERT_THRESHOLDS = (50, 80, 100)
+# Bids a hard cap's reason names as having taken the room (a reason is at most 300 chars).
+NAMED_MOST = 3
 
 
 def window_bounds(*, budget: Budget, at: datetime) -> tuple[datetime, datetime]:
@@ -155,12 +157,16 @@ def hard_cap_admit(
     *, tenant: Tenant, commitments: list[tuple[int, int | None, int]], at: datetime | None = None
 ) -> dict[int, str]:
     """Which of ``commitments`` [(id, campaign id or None, most it can cost)] fit under the
-    tenant's hard caps, taken in the order given; returns {id: why} for those that do not.
+    tenant's hard caps, in the team's order of priority (the order given); returns {id: why}
+    for those that do not.
 
-    Each one admitted must leave room under every hard cap that applies to it (the tenant's
-    own, and its campaign's): the most it can cost is strictly below the room still left,
-    so that whatever the market charges, the tenant ends strictly under each hard cap and
-    its newly bought work is never paused by the purchase itself.
+    A commitment fits when the most it can cost is at or below the room still left under
+    every hard cap that applies to it (the tenant's own, and its campaign's), once the ones
+    admitted before it are counted. A charge never exceeds that most, so the team's spend
+    can reach a hard cap but never pass it. One that does not fit is skipped and the next is
+    tried: the admitted set is the best by the team's own order (no earlier commitment is
+    given up for a later one). The reason names the cap, what is spent, the earlier
+    commitments that took the room and what this one may cost.
     """
     at = at or timezone.now()
     hard = [
@@ -172,20 +178,38 @@ def hard_cap_admit(
     ]
     if not hard:
         return {}
-    room = {b.pk: b.cap - budget_usage(budget=b, at=at).spent for b in hard}
+    spent = {b.pk: budget_usage(budget=b, at=at).spent for b in hard}
+    taken: dict[int, list[tuple[int, int]]] = {b.pk: [] for b in hard}
     left_out: dict[int, str] = {}
     for key, campaign_id, amount in commitments:
         applicable = [b for b in hard if b.campaign_id in (None, campaign_id)]
-        short = next((b for b in applicable if amount >= room[b.pk]), None)
+        short = next((b for b in applicable if amount > _room(b, spent, taken)), None)
         if short is not None:
-            left_out[key] = (
-                f"the {_label(short)} of {credits(short.cap)} credits leaves "
-                f"{credits(max(room[short.pk], 0))}; this bid may cost up to {credits(amount)}"
-            )
+            left_out[key] = _left_out_why(short, spent[short.pk], taken[short.pk], amount)
             continue
         for b in applicable:
-            room[b.pk] -= amount
+            taken[b.pk].append((key, amount))
     return left_out
+
+
+def _room(budget: Budget, spent: dict[int, int], taken: dict[int, list[tuple[int, int]]]) -> int:
+    return budget.cap - spent[budget.pk] - sum(amount for _, amount in taken[budget.pk])
+
+
+def _left_out_why(budget: Budget, spent: int, taken: list[tuple[int, int]], amount: int) -> str:
+    room = max(budget.cap - spent - sum(a for _, a in taken), 0)
+    why = f"the {_label(budget)} of {credits(budget.cap)} credits"
+    why += f" has {credits(max(budget.cap - spent, 0))} left after {credits(spent)} spent"
+    if taken:
+        named = ", ".join(f"bid {key} (up to {credits(a)})" for key, a in taken[:NAMED_MOST])
+        if len(taken) > NAMED_MOST:
+            named += f" and {len(taken) - NAMED_MOST} more"
+        why += (
+            f"; the team's {named} came first and "
+            f"{'holds' if len(taken) == 1 else 'hold'} {credits(sum(a for _, a in taken))} "
+            f"of it, leaving {credits(room)}"
+        )
+    return why + f"; this bid may cost up to {credits(amount)}, more than {credits(room)}"
 
 
 def hard_cap_room(

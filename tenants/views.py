@@ -63,6 +63,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
                 {
                     "notifications": Notification.objects.filter(tenant__isnull=True)[:20],
                     "capped": _capped_teams(),
+                    "blocked": _blocked_teams(),
                 },
             )
         return render(request, "tenants/no_tenant.html", status=403)
@@ -93,6 +94,27 @@ def _capped_teams() -> list[tuple[Tenant, Budget]]:
         if budget is not None:
             rows.append((tenant, budget))
     return rows
+
+
+def _blocked_teams() -> list[tuple[object, list[object]]]:
+    """Teams a hard cap left bids of out of the latest cleared round, each with the usage of
+    its hard budgets now (the staff overview): a cap that blocks every bid while nothing is
+    spent is as much a stop as one that is reached."""
+    from market.selectors import hard_cap_blocked_teams
+
+    now = timezone.now()
+    return [
+        (
+            block,
+            [
+                budget_usage(budget=b, at=now)
+                for b in Budget.objects.filter(
+                    tenant=block.tenant, active=True, mode=Budget.Mode.HARD
+                ).select_related("campaign")
+            ],
+        )
+        for block in hard_cap_blocked_teams()
+    ]
 
 
 @require_POST

@@ -463,8 +463,9 @@ def round_clear(*, round_id: int, now: datetime | None = None, wait: bool = True
 
 def _over_hard_caps(rnd: Round, *, now: datetime) -> dict[int, str]:
     """The open bids left out of this round because they could take their tenant past a hard
-    spend cap: {bid id: why}. Each tenant's bids are admitted oldest first while they fit (see
-    tenants.budgets.hard_cap_admit); the others lose at settlement with their escrow back."""
+    spend cap: {bid id: why}. Each tenant's bids are admitted oldest first, each that fits the
+    room the earlier ones left (see tenants.budgets.hard_cap_admit); the others lose at
+    settlement with their escrow back."""
     rows = (
         Bid.objects.filter(round=rnd, status=Bid.Status.OPEN)
         .order_by("tenant_id", "pk")

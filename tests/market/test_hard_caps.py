@@ -43,16 +43,72 @@ def test_the_market_never_takes_a_team_past_its_hard_cap():
     after = market.after_close()
     rnd = round_clear(round_id=market.round.pk, now=after)
     rnd = round_settle(round_id=rnd.pk, now=after)
-    # Two fit strictly under the cap (4 + 4 < 10); the third is left out with the reason.
+    # Two fit under the cap (4 + 4 <= 10); the third is left out, naming the two before it.
     left_out = rnd.diagnostics["left_out_by_hard_cap"]
     assert list(left_out) == [str(bids[2].pk)]
-    assert "daily hard cap of 10.000 credits leaves 2.000" in left_out[str(bids[2].pk)]
+    assert left_out[str(bids[2].pk)] == (
+        "the daily hard cap of 10.000 credits has 10.000 left after 0.000 spent; the team's "
+        f"bid {bids[0].pk} (up to 4.000), bid {bids[1].pk} (up to 4.000) came first and "
+        "hold 8.000 of it, leaving 2.000; this bid may cost up to 4.000, more than 2.000"
+    )
     statuses = dict(Bid.objects.filter(round=rnd).values_list("pk", "status"))
     assert statuses[bids[2].pk] == "lost"
     assert {statuses[bids[0].pk], statuses[bids[1].pk]} <= {"won", "lost"}
     assert _spent(team, after) < 10 * MILLI
     assert balance_get(tenant=team).escrow == 0
     assert ledger_verify() == []
+
+
+def test_a_bid_that_fits_the_room_exactly_is_admitted_beside_one_that_does_not():
+    """The issue's Language Group: a daily hard cap of 0.400, nothing spent, an older bid that
+    may cost 0.500 and a newer one that may cost 0.400. The newer one fits (at or below the
+    room: a charge never exceeds what a bid may cost), wins, and the team ends at most at
+    its cap; the older one is left out, and its reason compares like with like."""
+    market = market_make(round_minutes=60, reserves={"a100": 100, "h100": 100})
+    team = factories.tenant(name="Language Group", credits=10 * MILLI)
+    user = factories.member(tenant=team)
+    budget_set(tenant=team, window="day", mode="hard", cap=400, actor=None)
+    big = bid_place(user=user, tenant=team, round=market.round, quantity=1,
+                    limits={"a100": 500}, now=T0)  # fmt: skip
+    fits = bid_place(user=user, tenant=team, round=market.round, quantity=1,
+                     limits={"a100": 400}, now=T0)  # fmt: skip
+    after = market.after_close()
+    rnd = round_settle(round_id=round_clear(round_id=market.round.pk, now=after).pk, now=after)
+
+    assert rnd.diagnostics["left_out_by_hard_cap"] == {
+        str(big.pk): "the daily hard cap of 0.400 credits has 0.400 left after 0.000 spent; "
+        "this bid may cost up to 0.500, more than 0.400"
+    }
+    big.refresh_from_db()
+    fits.refresh_from_db()
+    assert (fits.status, big.status) == ("won", "lost")
+    assert big.outcome == "hard_cap"
+    assert "more than 0.400" in big.outcome_reason
+    charged = sum(Allocation.objects.filter(bid=fits).values_list("charge", flat=True))
+    assert 0 < charged <= 400
+    assert balance_get(tenant=team).escrow == 0
+    assert ledger_verify() == []
+
+
+def test_a_later_bid_names_the_bid_that_took_the_room():
+    market = market_make(round_minutes=60, reserves={"a100": 100, "h100": 100})
+    team = factories.tenant(credits=10 * MILLI)
+    user = factories.member(tenant=team)
+    budget_set(tenant=team, window="day", mode="hard", cap=400, actor=None)
+    first = bid_place(user=user, tenant=team, round=market.round, quantity=1,
+                      limits={"a100": 300}, now=T0)  # fmt: skip
+    second = bid_place(user=user, tenant=team, round=market.round, quantity=1,
+                       limits={"a100": 200}, now=T0)  # fmt: skip
+    third = bid_place(user=user, tenant=team, round=market.round, quantity=1,
+                      limits={"a100": 100}, now=T0)  # fmt: skip
+    rnd = round_clear(round_id=market.round.pk, now=market.after_close())
+    # The second does not fit after the first; the third still does (0.300 + 0.100 = 0.400).
+    assert rnd.diagnostics["left_out_by_hard_cap"] == {
+        str(second.pk): "the daily hard cap of 0.400 credits has 0.400 left after 0.000 spent; "
+        f"the team's bid {first.pk} (up to 0.300) came first and holds 0.300 of it, "
+        "leaving 0.100; this bid may cost up to 0.200, more than 0.100"
+    }
+    assert str(third.pk) not in rnd.diagnostics["left_out_by_hard_cap"]
 
 
 @pytest.fixture
@@ -211,3 +267,23 @@ def test_the_staff_overview_lists_the_teams_at_a_hard_cap(client):
     page = client.get("/").content.decode()
     section = page.split('id="capped-teams"')[1].split("</ul>")[0]
     assert "Over" in section and "10.000 credits reached" in section and "Calm" not in section
+
+
+def test_the_staff_overview_names_a_team_the_hard_cap_held_back_before_it_spent_anything(client):
+    market = market_make(round_minutes=60, reserves={"a100": 100, "h100": 100})
+    team = factories.tenant(name="Language Group", credits=10 * MILLI)
+    user = factories.member(tenant=team)
+    budget_set(tenant=team, window="day", mode="hard", cap=400, actor=None)
+    for limit in (500, 450):
+        bid_place(user=user, tenant=team, round=market.round, quantity=1,
+                  limits={"a100": limit}, now=T0)  # fmt: skip
+    after = market.after_close()
+    rnd = round_settle(round_id=round_clear(round_id=market.round.pk, now=after).pk, now=after)
+
+    client.force_login(market.admin)
+    page = client.get("/").content.decode()
+    assert "No team is at a hard cap" not in page
+    assert (
+        f"<strong>Language Group</strong>: a hard cap left 2 of its 2 bids out of round {rnd.pk}"
+    ) in page
+    assert "they held 0.950 credits in escrow); day hard cap 0.400, spent 0.000." in page
