@@ -615,6 +615,7 @@ def orders_bid(
     )
     held_by = incumbents(order_ids=ids, ends_at=rnd.starts_at)
     purses = _purses({o.tenant_id for o in orders}, now=now)
+    campaigns = Campaign.objects.in_bulk({o.campaign_id for o in orders} - {None})
     seconds = window_seconds(rnd)
     reserves = {slug: rnd.policy.reserve_for(slug) for slug in tier_of}
     bids: list[Bid] = []
@@ -651,7 +652,11 @@ def orders_bid(
                 order.hold_reason = decision.reason
                 report.held[order.pk] = decision.reason
             continue
-        why = purses[order.tenant_id].admit(decision.escrow, order.campaign_id)
+        campaign = campaigns.get(order.campaign_id)
+        if campaign is not None and not (campaign.starts_at <= now < campaign.ends_at):
+            why = f"its campaign {campaign.name!r} is not running now"
+        else:
+            why = purses[order.tenant_id].admit(decision.escrow, order.campaign_id)
         if why:
             order.hold_reason = why
             report.held[order.pk] = why
@@ -687,7 +692,6 @@ def orders_bid(
         ]
     )
     tenants = Tenant.objects.in_bulk({o.tenant_id for o in orders})
-    campaigns = Campaign.objects.in_bulk({o.campaign_id for o in orders} - {None})
     transfer_execute_many(
         orders=[
             TransferOrder(

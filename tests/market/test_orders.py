@@ -359,3 +359,22 @@ def test_an_order_that_cannot_meet_its_deadline_is_told_so_once(market, team):
 def test_an_order_on_course_for_its_deadline_gets_no_warning(market, team):
     _order(team, gpu_seconds_wanted=4 * HOUR, deadline=market.round.starts_at + timedelta(days=2))
     assert not Notification.objects.filter(kind="order_deadline_at_risk").exists()
+
+
+def test_an_order_whose_campaign_is_over_sits_the_round_out_with_the_reason(market, team):
+    from tenants.budgets import campaign_create
+
+    tenant, _ = team
+    campaign = campaign_create(
+        tenant=tenant,
+        name="ICLR push",
+        starts_at=T0 - timedelta(days=3),
+        ends_at=T0 + timedelta(minutes=5),
+        actor=None,
+    )
+    order = _order(team, campaign=campaign)
+    assert Bid.objects.get(order=order).campaign_id == campaign.pk  # it runs now
+    _windows(market, 1)  # the next round opens after the campaign's end
+    order.refresh_from_db()
+    assert not Bid.objects.filter(order=order, round=market.round).exists()
+    assert order.hold_reason == "its campaign 'ICLR push' is not running now"
