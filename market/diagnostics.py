@@ -20,6 +20,25 @@ def diagnostic(diagnostics: dict[str, Any] | None, name: str) -> Any:
     return diagnostics.get(_LEGACY[name])
 
 
+def jain_counting_left_out(
+    diagnostics: dict[str, Any], *, cleared_teams: int, left_out_teams: int
+) -> dict[str, Any]:
+    """The diagnostics' Jain's index with the teams the round left out entirely (every bid over
+    a hard cap or unplaceable) counted at nothing: the solver saw only the teams it cleared,
+    so alone it reads 1 where one of two teams got nothing. With n teams in the solver's index
+    J and k teams at zero, the index is J n / (n + k). Returns the keys to update: ``jain``,
+    the solver's own figure as ``jain_cleared`` and ``teams_left_out``; nothing if k is 0."""
+    value = diagnostic(diagnostics, JAIN)
+    if not left_out_teams or not isinstance(value, int | float):
+        return {}
+    n = int(diagnostics.get("jain_tenants", cleared_teams))
+    return {
+        JAIN: float(value) * n / (n + left_out_teams) if n else 0.0,
+        "jain_cleared": float(value),
+        "teams_left_out": left_out_teams,
+    }
+
+
 def _pct_by_tier(value: Any) -> str:
     if not isinstance(value, dict):
         return str(value)
@@ -43,6 +62,8 @@ _ROWS = (
     ("bids", "Bids cleared", str),
     (UTILISATION, "Utilisation (GPUs allocated / offered)", _pct_by_tier),
     (JAIN, "Fairness, Jain's index (1 = equal)", _number),
+    ("jain_cleared", "Jain's index among the teams cleared only", _number),
+    ("teams_left_out", "Teams left out of the clearing entirely (counted at nothing)", str),
     ("min_share_ratio", "Worst team's value / its fair share", _number),
     ("guarantees_unmet", "Teams below their guarantee", str),
     ("envy_violations", "Pairs of teams where one prefers the other's GPUs", str),
@@ -56,6 +77,7 @@ _ROWS = (
 _SHOWN = {key for key, _, _ in _ROWS} | {
     "spend", "build_seconds", "solve_seconds", "rounding_seconds", "divisible", "partitioned",
     "part_prices", "part_bids", "part_seconds", "utilization", "jain_index",
+    "jain_tenants",
 }  # fmt: skip
 
 

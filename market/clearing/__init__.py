@@ -183,6 +183,7 @@ def _clear(
         "welfare": float(x @ a.arc_price),
         "utilisation": dict(zip(a.tier_names, utilisation.tolist(), strict=True)),
         "jain": jain(ratios),
+        "jain_tenants": int(ratios.size),  # the tenants Jain's index is taken over
         "min_share_ratio": float(ratios.min()) if ratios.size else None,
         "guarantees_unmet": int(unmet.sum()),
         "envy_violations": envy_count(

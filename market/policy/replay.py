@@ -12,6 +12,7 @@ from collections import defaultdict
 import numpy as np
 
 from market import clearing
+from market.diagnostics import jain_counting_left_out
 from market.models import Bid, BidLimit, PolicyVersion, Round
 from market.policy.selectors import (
     REPLAYABLE,
@@ -25,17 +26,25 @@ from market.policy.selectors import (
 )
 from market.services.bids import window_seconds
 from market.services.round_clearing import RoundData, solve
-from tenants.models import Tenant
+from tenants.models import Tenant, Transfer
 
 
 def recorded_round_data(rnd: Round) -> RoundData:
-    """A past round's inputs as the solver saw them: every bid that was open when it cleared
-    (not the ones cancelled before), and the capacity the round offered then."""
+    """A past round's inputs as the solver saw them: the bids it cleared (not the ones
+    cancelled before it cleared, nor the ones it left out over a hard cap or because no node
+    could hold their gang), the escrow each held then, and the capacity the round offered."""
     slugs = sorted(rnd.capacities or {})
     capacity = np.array([int(rnd.capacities[s]) for s in slugs], dtype=np.int64)
+    diagnostics = rnd.diagnostics or {}
+    left_out = {
+        int(pk)
+        for key in ("left_out_by_hard_cap", "left_out_by_placement")
+        for pk in diagnostics.get(key) or {}
+    }
     rows = np.array(
         Bid.objects.filter(round=rnd)
         .exclude(status=Bid.Status.CANCELLED)
+        .exclude(pk__in=left_out)
         .order_by("pk")
         .values_list("pk", "tenant_id", "quantity", "min_quantity"),
         dtype=np.int64,
@@ -56,13 +65,31 @@ def recorded_round_data(rnd: Round) -> RoundData:
         tenant_ids=rows[:, 1],
         quantity=rows[:, 2],
         min_quantity=rows[:, 3],
-        escrow=np.zeros(rows.shape[0], dtype=np.int64),
+        escrow=_escrow_when_cleared(rows[:, 0]),
         limits=limits,
         tier_slugs=slugs,
         capacity=capacity,
         tenant_weights=weights,
         seconds=window_seconds(rnd),
     )
+
+
+def _escrow_when_cleared(bid_ids: np.ndarray) -> np.ndarray:
+    """What each bid held in escrow when its round cleared, from the ledger: its holds less
+    the releases of edits that lowered it (settlement's and a cancel's releases came after).
+    The Fisher market's budgets are this escrow, so without it a replay is another market."""
+    held = dict.fromkeys(bid_ids.tolist(), 0)
+    references = {f"bid:{pk}": pk for pk in held}
+    for reference, kind, amount in (
+        Transfer.objects.filter(
+            reference__in=list(references), kind__in=[Transfer.Kind.HOLD, Transfer.Kind.RELEASE]
+        )
+        .exclude(ledgeroperation__key__startswith="settle:")
+        .exclude(ledgeroperation__key__startswith="cancel:")
+        .values_list("reference", "kind", "amount")
+    ):
+        held[references[reference]] += amount if kind == Transfer.Kind.HOLD else -amount
+    return np.array([max(held[pk], 0) for pk in bid_ids.tolist()], dtype=np.int64)
 
 
 def _replayed_side(rnd: Round, version: PolicyVersion) -> Side:
@@ -82,7 +109,13 @@ def _replayed_side(rnd: Round, version: PolicyVersion) -> Side:
         ):
             if total:
                 by_tenant[str(tenant_id)] += int(total)
+    # Counted over the same teams as the round's own figure: those it left out at nothing.
     diagnostics = outcome.diagnostics or {}
+    diagnostics = diagnostics | jain_counting_left_out(
+        diagnostics,
+        cleared_teams=int(np.unique(data.tenant_ids).size),
+        left_out_teams=int((rnd.diagnostics or {}).get("teams_left_out") or 0),
+    )
     return Side(
         policy=version.number,
         prices=dict(outcome.prices),

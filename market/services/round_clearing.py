@@ -21,7 +21,7 @@ import audit.services as audit
 from core.rows import rows_read
 from market import clearing
 from market.clearing.inputs import MAX_AMOUNT, Arrays
-from market.diagnostics import JAIN, UTILISATION, diagnostic
+from market.diagnostics import JAIN, UTILISATION, diagnostic, jain_counting_left_out
 from market.errors import MarketError
 from market.models import Bid, BidLimit, PolicyVersion, Round, Tier
 from market.services._common import cost_floor, now_or, round_locked
@@ -427,7 +427,11 @@ def round_clear(*, round_id: int, now: datetime | None = None, wait: bool = True
         "left_out_by_hard_cap": {str(pk): why for pk, why in left_out.items()},
         "left_out_by_placement": {str(pk): why for pk, why in misplaced.items()},
     }
-    rnd.shadow_result = _shadow(rnd=rnd, data=data)
+    absent = teams_left_out(bid_ids=set(left_out) | set(misplaced), cleared=data)
+    rnd.diagnostics |= jain_counting_left_out(
+        rnd.diagnostics, cleared_teams=int(np.unique(data.tenant_ids).size), left_out_teams=absent
+    )
+    rnd.shadow_result = _shadow(rnd=rnd, data=data, left_out_teams=absent)
     rnd.status = Round.Status.CLEARED
     rnd.cleared_at = now
     rnd.save(
@@ -461,6 +465,14 @@ def round_clear(*, round_id: int, now: datetime | None = None, wait: bool = True
     return rnd
 
 
+def teams_left_out(*, bid_ids: set[int], cleared: RoundData) -> int:
+    """How many teams have bids among ``bid_ids`` and none among the ``cleared`` ones."""
+    if not bid_ids:
+        return 0
+    teams = set(Bid.objects.filter(pk__in=bid_ids).values_list("tenant_id", flat=True))
+    return len(teams - set(cleared.tenant_ids.tolist()))
+
+
 def _over_hard_caps(rnd: Round, *, now: datetime) -> dict[int, str]:
     """The open bids left out of this round because they could take their tenant past a hard
     spend cap: {bid id: why}. Each tenant's bids are admitted oldest first, each that fits the
@@ -485,7 +497,7 @@ def _over_hard_caps(rnd: Round, *, now: datetime) -> dict[int, str]:
     return left_out
 
 
-def _shadow(*, rnd: Round, data: RoundData) -> dict[str, Any] | None:
+def _shadow(*, rnd: Round, data: RoundData, left_out_teams: int = 0) -> dict[str, Any] | None:
     """Clear the same bids under the shadow policy (the round's, else the current one) and
     summarise the outcome for side-by-side comparison. Never touches the ledger; a shadow
     solver failure is recorded here and does not affect the round."""
@@ -495,7 +507,7 @@ def _shadow(*, rnd: Round, data: RoundData) -> dict[str, Any] | None:
     if shadow is None or shadow.pk == rnd.policy_id:
         return None
     try:
-        return _jsonable(_summary(solve(data=data, policy=shadow), data, shadow))
+        summary = _summary(solve(data=data, policy=shadow), data, shadow)
     except clearing.ClearingError as exc:
         return {
             "policy": shadow.pk,
@@ -503,3 +515,13 @@ def _shadow(*, rnd: Round, data: RoundData) -> dict[str, Any] | None:
             "mechanism": shadow.mechanism,
             "error": str(exc),
         }
+    # Fairness counts the teams the round left out, as the round's own figure does.
+    counted = jain_counting_left_out(
+        summary["diagnostics"],
+        cleared_teams=int(np.unique(data.tenant_ids).size),
+        left_out_teams=left_out_teams,
+    )
+    if counted:
+        summary["diagnostics"] = summary["diagnostics"] | counted
+        summary["fairness"] = counted[JAIN]
+    return _jsonable(summary)
