@@ -14,6 +14,7 @@ import time
 from celery import shared_task
 from celery.signals import worker_init
 from django.conf import settings
+from threadpoolctl import threadpool_limits
 
 from market import clearing
 from market.clearing.columns import arrays_from_json
@@ -31,11 +32,18 @@ ROUND_LIMITS = {
 }
 
 
+# A round that is not partitioned is cleared exactly in the task's own process: there the
+# numerical libraries (OpenBLAS under numpy and scipy) are held to one thread, as each part's
+# are (partition.clear_part). Their default is a thread per core, and the second one spins on
+# cores the other processes need: on a busy 2-core host a 10k-bid fisher clear took
+# 0.54-3.49 s with them, 0.10-0.49 s with one (maxmin 0.75-3.06 s, 0.10-0.50 s;
+# bench/RESULTS.md). Holding the limit costs about 1 ms a task.
 @shared_task(name="market.rounds_tick", **ROUND_LIMITS)
 def rounds_tick_task() -> dict:
     """Beat, every few seconds: clear, settle and judge due rounds, open the next, finish
     ended ones."""
-    report = rounds_tick()
+    with threadpool_limits(limits=1):
+        report = rounds_tick()
     if report.errors:
         logger.warning(
             "rounds tick: %d round(s) failed and will be retried: %s",
@@ -55,7 +63,8 @@ def rounds_tick_task() -> dict:
 def round_clear_task(round_id: int) -> str:
     """Close (if due), clear, settle and judge one round now instead of waiting for the tick."""
     try:
-        return round_process(round_id=round_id).status
+        with threadpool_limits(limits=1):
+            return round_process(round_id=round_id).status
     except MarketError as exc:
         # Not due yet, or refused: nothing to retry; the tick handles it when it is due.
         logger.info("round %s not processed: %s", round_id, exc)
