@@ -3,6 +3,7 @@ their progress, incumbents keep their GPUs, and every way an order ends says why
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -129,7 +130,8 @@ def test_incumbency_keeps_gpus_against_a_newcomer_bidding_less_than_the_restart(
     assert last.gpus == 4 and last.price <= 3000
 
 
-def test_a_lost_round_counts_a_preemption_and_notifies(market, team, rival):
+def _won_then_outbid(market, team, rival) -> Order:
+    """An order wins a window, then a rival bids far more for every GPU and wins the next."""
     order = _order(team, gpus=4, values={"a100": 1500}, restart_seconds=60)
     _windows(market, 1)
     tenant, user = rival
@@ -144,6 +146,11 @@ def test_a_lost_round_counts_a_preemption_and_notifies(market, team, rival):
     )
     _windows(market, 1)
     order.refresh_from_db()
+    return order
+
+
+def test_a_lost_round_counts_a_preemption_and_notifies(market, team, rival):
+    order = _won_then_outbid(market, team, rival)
     assert (order.rounds_won, order.rounds_lost, order.preemptions) == (1, 1, 1)
     assert order.status == Order.Status.ACTIVE
     assert Notification.objects.filter(kind="order_preempted", tenant=order.tenant).exists()
@@ -378,3 +385,11 @@ def test_an_order_whose_campaign_is_over_sits_the_round_out_with_the_reason(mark
     order.refresh_from_db()
     assert not Bid.objects.filter(order=order, round=market.round).exists()
     assert order.hold_reason == "its campaign 'ICLR push' is not running now"
+
+
+def test_the_staff_rounds_page_shows_each_rounds_preemptions(client, market, team, rival):
+    _won_then_outbid(market, team, rival)
+    client.force_login(market.admin)
+    page = client.get("/market/admin/rounds/").content.decode()
+    cells = re.findall(r'<td class="preemptions">([^<]*)</td>', page)
+    assert sorted(cells) == ["0", "1", "—"]  # the open round has none yet
