@@ -93,6 +93,31 @@ def bid_reason(
         return Reason.SHARE_CAP, head + (
             "your team holds the most a team may have of " + ", ".join(capped) + "."
         )
+    # Where no other team won any GPU of a tier the bid could pay for, other teams' claims
+    # were not the cause: a share cap was (whole GPUs can leave a team a GPU below it), or
+    # else the tier simply had no more.
+    others = {
+        slug
+        for (tenant, slug), gpus in facts.tenant_gpus.items()
+        if tenant != tenant_id and gpus > 0 and slug in affordable
+    }
+    if not others:
+        held = [s for s in sorted(affordable) if facts.share_cap_pct.get(s, 100) < 100]
+        if held:
+            slug = held[0]
+            pct, capacity = facts.share_cap_pct[slug], facts.capacities.get(slug, 0)
+            return Reason.SHARE_CAP, head + (
+                f"no other team won {slug} GPUs at your price; a team may hold at most "
+                f"{pct} % of {slug} ({pct * capacity // 100} of its {capacity} GPUs), and the "
+                f"clearing's whole GPUs left your team {facts.tenant_gpus.get((tenant_id, slug), 0)}."
+            )
+        slug = max(affordable, key=lambda s: affordable[s])
+        return Reason.CAPACITY, head + (
+            f"{slug} had no more GPUs: your team won all {facts.capacities.get(slug, 0)} it "
+            "offered, and no other team won any."
+            if facts.tenant_gpus.get((tenant_id, slug), 0) >= facts.capacities.get(slug, 0)
+            else f"{slug} had no more GPUs for you at your limit, and no other team won any."
+        )
     if facts.mechanism != "welfare":
         return Reason.FAIR_SHARE, head + (
             f"the {facts.mechanism} policy gave the GPUs at your price to teams further below "

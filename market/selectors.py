@@ -262,13 +262,42 @@ def order_get(*, tenant: Tenant, order_id: object) -> Order:
 
 def order_bids(*, order: Order, limit: int = 50) -> list[Bid]:
     """The order's bids, newest round first, each with its round, limits and allocations:
-    one per round it bid in, with the outcome and its reason once settled."""
-    return list(
-        Bid.objects.filter(order=order)
-        .select_related("round")
-        .prefetch_related(_limits(), Prefetch("allocations", queryset=_allocations_tier()))
-        .order_by("-round__starts_at", "-id")[:limit]
+    one per round it bid in, with the outcome and its reason once settled (a cancelled one
+    with why it was cancelled, see ``bids_why``)."""
+    return bids_why(
+        list(
+            Bid.objects.filter(order=order)
+            .select_related("round")
+            .prefetch_related(_limits(), Prefetch("allocations", queryset=_allocations_tier()))
+            .order_by("-round__starts_at", "-id")[:limit]
+        )
     )
+
+
+def bids_why(bids: list[Bid]) -> list[Bid]:
+    """Give each bid ``why``: its outcome's reason, or for a cancelled bid (which settlement
+    never reaches) the reason it was cancelled, from its ``bid.cancel`` audit event: a hard
+    cap, its author, an order's edit. One query; returns ``bids``."""
+    cancelled = [b.pk for b in bids if b.status == Bid.Status.CANCELLED and not b.outcome_reason]
+    reasons: dict[str, str] = {}
+    if cancelled:
+        from audit.models import AuditEvent
+
+        for object_id, after in AuditEvent.objects.filter(
+            action="bid.cancel", object_id__in=[str(pk) for pk in cancelled]
+        ).values_list("object_id", "after"):
+            reasons[object_id] = str((after or {}).get("reason") or "")
+    for bid in bids:
+        if bid.outcome_reason or bid.status != Bid.Status.CANCELLED:
+            bid.why = bid.outcome_reason
+        else:
+            why = reasons.get(str(bid.pk))
+            bid.why = (
+                f"Cancelled: {why}; the escrow went back to available."
+                if why
+                else "Cancelled; the escrow went back to available."
+            )
+    return bids
 
 
 def _allocations_tier() -> QuerySet[Allocation]:

@@ -42,6 +42,7 @@ from market.models import Bid, PolicyVersion, Round
 from market.selectors import (
     bid_get,
     bids_for_tenant,
+    bids_why,
     budgets_active,
     campaigns_current,
     policy_active_get,
@@ -326,6 +327,7 @@ def _my_bids(tenant):
 def bid_list(request: HttpRequest) -> HttpResponse:
     tenant = require_tenant(request.user)
     page = Paginator(_my_bids(tenant), 25).get_page(request.GET.get("page"))
+    page.object_list = bids_why(list(page.object_list))
     return render(request, "market/bid_list.html", {"page": page, "now": timezone.now()})
 
 
@@ -339,6 +341,7 @@ def bid_detail(request: HttpRequest, pk: int) -> HttpResponse:
         and bid.round.status == Round.Status.OPEN
         and bid.round.closes_at > timezone.now()
     )
+    bids_why([bid])
     return render(request, "market/bid_detail.html", {"bid": bid, "editable": editable})
 
 

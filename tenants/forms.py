@@ -16,6 +16,9 @@ from tenants.ledger import MAX_AMOUNT, MILLI
 from tenants.models import Budget, Campaign, Membership, Tenant
 
 _THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")
+_DIGITS = re.compile(r"\d+(\.\d+)?")
+# A number with an exponent of at most 7 digits: Decimal reads it without computing its digits.
+_EXPONENT = re.compile(r"(\d+(\.\d*)?|\.\d+)e[+-]?\d{1,7}", re.IGNORECASE)
 
 
 class CreditsField(forms.CharField):
@@ -27,6 +30,7 @@ class CreditsField(forms.CharField):
         "zero": "Enter an amount greater than zero.",
         "large": "Enter at most %(most)s credits.",
         "comma": "Use a point for decimals (12.5); a comma only groups thousands (1,000).",
+        "exponent": "Write the amount out without an exponent, e.g. 0.5 rather than 5e-1.",
     }
     # Checked before any arithmetic: "1e5000" or 5,000 digits are refused, not computed.
     MAX_CHARS = 32
@@ -41,8 +45,17 @@ class CreditsField(forms.CharField):
         if text in self.empty_values:
             return None
         text = str(text).strip()
-        if len(text) > self.MAX_CHARS or "e" in text.lower():
+        if len(text) > self.MAX_CHARS:
+            # Only digits: a number, too large to be an amount (9 x 5,000 is not "decimals").
+            if _DIGITS.fullmatch(text):
+                raise self._too_large()
             raise ValidationError(self.error_messages["invalid"], code="invalid")
+        if "e" in text.lower():
+            # 1e30 is a number, and too large; 5e-1 is one written the way nobody types money.
+            if _EXPONENT.fullmatch(text) and Decimal(text) > Decimal(MAX_AMOUNT) / MILLI:
+                raise self._too_large()
+            code = "exponent" if _EXPONENT.fullmatch(text) else "invalid"
+            raise ValidationError(self.error_messages[code], code=code)
         if "," in text:
             # A comma only groups thousands ("1,000.5"); "12,5" is a decimal comma, which
             # would silently read as 125: refused with what to type instead.
@@ -56,11 +69,7 @@ class CreditsField(forms.CharField):
         if not amount.is_finite():
             raise ValidationError(self.error_messages["invalid"], code="invalid")
         if amount * MILLI > MAX_AMOUNT:
-            raise ValidationError(
-                self.error_messages["large"],
-                code="large",
-                params={"most": f"{MAX_AMOUNT // MILLI:,}"},
-            )
+            raise self._too_large()
         milli = amount * MILLI
         if milli != milli.to_integral_value():
             raise ValidationError(self.error_messages["invalid"], code="invalid")
@@ -69,6 +78,11 @@ class CreditsField(forms.CharField):
         if milli == 0 and not self.allow_zero:
             raise ValidationError(self.error_messages["zero"], code="zero")
         return int(milli)
+
+    def _too_large(self) -> ValidationError:
+        return ValidationError(
+            self.error_messages["large"], code="large", params={"most": f"{MAX_AMOUNT // MILLI:,}"}
+        )
 
     def prepare_value(self, value: object) -> object:
         # An int here is milli-credits (an initial value); show it in credits.

@@ -93,3 +93,61 @@ def test_settled_bids_carry_their_reason_and_each_team_gets_one_notice():
         "2 bids" in notices.get(tenant=poor).message
         or "of 2 bids" in notices.get(tenant=poor).message
     )
+
+
+def test_a_team_alone_held_below_its_share_cap_is_told_the_share_cap_not_fair_share():
+    """Under fisher the whole-GPU rounding can leave a lone team a GPU short of its 75 % cap
+    (2 of 4, the cap allowing 3): no other team got anything, so "teams further below their
+    fair share" cannot be the cause; the share cap is."""
+    from dataclasses import replace
+
+    alone = replace(
+        FACTS,
+        mechanism="fisher",
+        prices={"a100": 1000, "h100": 2000},
+        share_cap_pct={"a100": 75, "h100": 100},
+        tenant_gpus={(2, "a100"): 2},
+    )
+    code, text = bid_reason(
+        bid_id=1, tenant_id=2, quantity=4, min_quantity=0, limits={"a100": 4000},
+        awarded={"a100": 2}, facts=alone,
+    )  # fmt: skip
+    assert code == Reason.SHARE_CAP
+    assert "fair share" not in text
+    assert text == (
+        "Won 2 of 4 GPUs: no other team won a100 GPUs at your price; a team may hold at "
+        "most 75 % of a100 (3 of its 4 GPUs), and the clearing's whole GPUs left your team 2."
+    )
+
+
+def test_a_team_alone_with_no_share_cap_is_told_capacity_not_fair_share():
+    from dataclasses import replace
+
+    alone = replace(
+        FACTS, mechanism="fisher", prices={"a100": 1000}, share_cap_pct={"a100": 100},
+        tenant_gpus={(2, "a100"): 4},
+    )  # fmt: skip
+    code, text = bid_reason(
+        bid_id=1, tenant_id=2, quantity=6, min_quantity=0, limits={"a100": 4000},
+        awarded={"a100": 4}, facts=alone,
+    )  # fmt: skip
+    assert code == Reason.CAPACITY and "fair share" not in text
+
+
+def test_a_bid_the_hard_cap_cancelled_says_why_on_the_bid_pages(client):
+    from market.services.bids import tenant_bids_cancel
+
+    market = market_make()
+    team = factories.tenant(credits=100 * MILLI)
+    user = factories.member(tenant=team)
+    bid = bid_place(user=user, tenant=team, round=market.round, quantity=1,
+                    limits={"a100": 2000}, now=T0)  # fmt: skip
+    # What the enforcement loop does for a team at its hard cap.
+    tenant_bids_cancel(tenant=team, reason="hard spend cap of 0.400 credits reached", now=T0)
+
+    client.force_login(user)
+    why = "Cancelled: hard spend cap of 0.400 credits reached; the escrow went back to available."
+    listing = client.get("/market/bids/").content.decode()
+    assert f'<td class="reason">{why}</td>' in listing
+    detail = client.get(f"/market/bids/{bid.pk}/").content.decode()
+    assert why in detail
