@@ -24,8 +24,28 @@ trap 'status=$?; [ $status -eq 0 ] || compose logs --tail 50 >&2 || true; compos
 
 step "build"
 compose build
-step "start web, workers and beat (waits for the healthchecks)"
-compose up -d --wait --wait-timeout 300 web worker parts-worker beat
+# Each container of SERVICE healthy within 300 s. (Not `up --wait`: some compose versions
+# count the migrate container's exit as a failure.)
+healthy() {
+  local deadline=$((SECONDS + 300)) ids id status
+  while :; do
+    ids=$(compose ps -q "$1")
+    status=healthy
+    for id in $ids; do
+      [ "$(docker inspect -f '{{.State.Health.Status}}' "$id")" = healthy ] || status=waiting
+    done
+    [ -n "$ids" ] && [ $status = healthy ] && return 0
+    [ $SECONDS -lt $deadline ] || { echo "ERROR: $1 not healthy within 300 s" >&2; return 1; }
+    sleep 3
+  done
+}
+
+step "start web, workers and beat"
+compose up -d web worker parts-worker beat
+[ "$(docker inspect -f '{{.State.ExitCode}}' "$(compose ps -a -q migrate)")" = 0 ]
+for service in web worker parts-worker; do
+  healthy "$service"
+done
 
 step "web answers on the published port"
 python3 - "$WEB_PORT" <<'PY'
