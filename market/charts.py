@@ -89,8 +89,9 @@ def supply_demand(
 ) -> go.Figure:
     """One tier's supply and demand in a round.
 
-    Demand: every bid's limit on this tier against cumulative GPUs; a bid that accepts several
-    tiers counts its GPUs divided by the number of tiers on each (market.selectors.round_demand).
+    Demand: the limits of the bids the clearing saw on this tier against cumulative GPUs, a
+    multi-tier bid split over its tiers and each team cut at its share cap
+    (market.selectors.round_demand).
     Supply: the reserve price up to the capacity offered.
     """
     xs, ys = demand_steps(bids)
@@ -114,7 +115,7 @@ def supply_demand(
             x=xs or [0],
             y=ys or [max(floor, 0.0) or 0],
             mode="lines",
-            name="Demand (bid limits; a multi-tier bid split evenly over its tiers)",
+            name="Demand the clearing saw (a multi-tier bid split over its tiers; share caps applied)",
             line={"width": 3},
         )
     )

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-
-from django.db.models import Sum
 
 from market.models import Bid, BidLimit, Round, Tier
 
@@ -18,7 +17,7 @@ HISTORY_STATUSES = (Round.Status.SETTLED, Round.Status.FINISHED)
 class TierHistory:
     """One tier over the same rounds, oldest first (all lists have one entry per round).
 
-    ``demand``: GPUs asked for by bids that accepted the tier. ``capacity``: GPUs the round
+    ``demand``: GPUs asked for on the tier (a multi-tier bid split over its tiers). ``capacity``: GPUs the round
     offered on it, ``price``: its clearing price in milli-credits per GPU-hour (None where the
     round did not offer the tier).
     """
@@ -26,9 +25,17 @@ class TierHistory:
     tier: str
     rounds: list[int]
     starts_at: list[datetime]
-    demand: list[int]
+    demand: list[float]
     capacity: list[int | None]
     price: list[int | None]
+
+
+def demand_on_tier(quantity: int, tiers: int) -> float:
+    """The one rule for a bid's demand on each tier it accepts, for the supply/demand chart
+    and the demand forecast alike: a bid wants its GPUs once, not on every tier, so it counts
+    its quantity divided by the number of the round's tiers it accepts on each of them, and
+    demand over all tiers adds up to the GPUs asked for."""
+    return quantity / max(tiers, 1)
 
 
 def tier_demand_history(
@@ -36,10 +43,9 @@ def tier_demand_history(
 ) -> dict[str, TierHistory]:
     """Demand, capacity and price per tier over the last ``rounds`` settled or finished rounds.
 
-    Demand of a round on a tier is the sum of the quantities of the round's bids that have a
-    limit on that tier, cancelled bids excluded. A bid that accepts several tiers counts in
-    full on each of them (it says how many GPUs would be wanted if that tier were the only
-    one), so demand summed over tiers can exceed what was asked for in total. A round with no
+    Demand of a round on a tier is what the round's bids (cancelled bids excluded) asked for
+    there, a bid that accepts several of the round's tiers split evenly over them
+    (``demand_on_tier``), so demand summed over tiers is what was asked for. A round with no
     bid on a tier has demand 0 there. ``tier_slugs`` defaults to the active tiers. Two queries.
     """
     if rounds < 1:
@@ -55,16 +61,21 @@ def tier_demand_history(
         .values_list("pk", "starts_at", "capacities", "prices")[:rounds]
     )
     window.reverse()
-    asked: dict[tuple[int, str], int] = {
-        (round_id, slug): total
-        for round_id, slug, total in BidLimit.objects.filter(
-            bid__round_id__in=[r[0] for r in window], tier__slug__in=slugs
-        )
+    offered = {round_id: set(capacities or {}) for round_id, _, capacities, _ in window}
+    rows = list(
+        BidLimit.objects.filter(bid__round_id__in=list(offered))
         .exclude(bid__status=Bid.Status.CANCELLED)
-        .values_list("bid__round_id", "tier__slug")
-        .annotate(total=Sum("bid__quantity"))
-        .order_by()
-    }
+        .values_list("bid_id", "bid__round_id", "tier__slug", "bid__quantity")
+    )
+    # A round stored before it recorded its capacities counts every tier a bid accepts.
+    tiers_of: dict[int, int] = defaultdict(int)
+    for bid_id, round_id, slug, _ in rows:
+        if not offered[round_id] or slug in offered[round_id]:
+            tiers_of[bid_id] += 1
+    asked: dict[tuple[int, str], float] = defaultdict(float)
+    for bid_id, round_id, slug, quantity in rows:
+        if not offered[round_id] or slug in offered[round_id]:
+            asked[round_id, slug] += demand_on_tier(quantity, tiers_of[bid_id])
     return {
         slug: TierHistory(
             tier=slug,

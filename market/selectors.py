@@ -12,6 +12,7 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from market.bid_guidance import TierGuide
+from market.forecast_selectors import demand_on_tier
 from market.foresight import Foresight, foresee
 from market.models import Allocation, Bid, BidLimit, Order, OrderLimit, PolicyVersion, Round, Tier
 from tenants.access import access_object, scoped
@@ -63,23 +64,41 @@ def round_last_cleared() -> Round | None:
 
 
 def round_demand(*, rnd: Round) -> dict[str, list[tuple[int, float]]]:
-    """Per tier slug, each bid's (limit price, GPUs) in the round, cancelled bids left out.
-
-    A bid that accepts several tiers wants its GPUs once, not on every tier: it counts as its
-    quantity divided by the number of tiers it accepts on each of them, so the demand over
-    all tiers adds up to the GPUs asked for.
+    """Per tier slug, each bid's (limit price, GPUs) as the round's clearing saw it: the bids
+    it cleared (not cancelled, not left out over a hard cap or for want of a node), on the
+    tiers it offered, a multi-tier bid split over them (``demand_on_tier``, the forecast's
+    rule too), and each team's demand on a tier cut at the most its share cap lets it hold
+    there, its highest limits first.
     """
-    rows = list(
-        BidLimit.objects.filter(bid__round=rnd)
+    diagnostics = rnd.diagnostics or {}
+    left_out = {
+        int(pk)
+        for key in ("left_out_by_hard_cap", "left_out_by_placement")
+        for pk in diagnostics.get(key) or {}
+    }
+    offered = set(rnd.capacities or {})
+    rows = [
+        row
+        for row in BidLimit.objects.filter(bid__round=rnd)
         .exclude(bid__status=Bid.Status.CANCELLED)
-        .values_list("bid_id", "tier__slug", "price", "bid__quantity")
-    )
+        .exclude(bid_id__in=left_out)
+        .order_by("-price", "bid_id")
+        .values_list("bid_id", "bid__tenant_id", "tier__slug", "price", "bid__quantity")
+        if not offered or row[2] in offered
+    ]
     tiers_per_bid: dict[int, int] = defaultdict(int)
     for bid_id, *_ in rows:
         tiers_per_bid[bid_id] += 1
+    held: dict[tuple[int, str], float] = defaultdict(float)
     demand: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for bid_id, slug, price, quantity in rows:
-        demand[slug].append((price, quantity / tiers_per_bid[bid_id]))
+    for bid_id, tenant_id, slug, price, quantity in rows:
+        wanted = demand_on_tier(quantity, tiers_per_bid[bid_id])
+        most = rnd.policy.max_share_for(slug) * int((rnd.capacities or {}).get(slug, 0)) // 100
+        if offered and rnd.policy.max_share_for(slug) < 100:
+            wanted = min(wanted, max(most - held[tenant_id, slug], 0))
+        held[tenant_id, slug] += wanted
+        if wanted > 0:
+            demand[slug].append((price, wanted))
     return dict(demand)
 
 

@@ -168,10 +168,10 @@ def _bid(team, rnd: Round, **terms):
 
 
 @pytest.mark.django_db
-def test_history_counts_gpus_bid_on_each_accepted_tier_in_settled_rounds(market, team, rival):
+def test_history_splits_a_bid_over_its_accepted_tiers_in_settled_rounds(market, team, rival):
     first = market.round
     _bid(team, first, quantity=2, limits={"a100": 3000})
-    # Accepts both tiers: its 3 GPUs count on each.
+    # Accepts both tiers: its 3 GPUs split over them, 1.5 on each (as the supply/demand chart).
     _bid(rival, first, quantity=3, limits={"a100": 3000, "h100": 4000})
     cancelled = _bid(team, first, quantity=5, limits={"h100": 5000})
     bid_cancel(user=team[1], tenant=team[0], bid_id=cancelled.pk, now=first.opens_at)
@@ -186,8 +186,8 @@ def test_history_counts_gpus_bid_on_each_accepted_tier_in_settled_rounds(market,
     a100, h100 = history["a100"], history["h100"]
     assert a100.rounds == h100.rounds == [first.pk, second.pk]
     assert a100.starts_at == [first.starts_at, second.starts_at]
-    assert a100.demand == [5, 0]
-    assert h100.demand == [3, 0]
+    assert a100.demand == [3.5, 0]
+    assert h100.demand == [1.5, 0]
     assert a100.capacity == [4, 4] and h100.capacity == [2, 2]
     assert a100.price[0] == first.prices["a100"] and h100.price[0] == first.prices["h100"]
     # Only the last ``rounds`` rounds, and only the tiers asked for.
