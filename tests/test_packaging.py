@@ -79,7 +79,7 @@ def _checkout(dest: Path) -> None:
 @pytest.fixture(scope="module")
 def wheel_venv(tmp_path_factory) -> Path:
     if shutil.which("git") is None or not (ROOT / ".git").exists():
-        pytest.skip("needs a git checkout to know which files a clean checkout holds")
+        pytest.fail("needs git and a git checkout to know which files a clean checkout holds")
     tmp = tmp_path_factory.mktemp("packaging")
     _checkout(tmp / "src")
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", tmp / "dist", tmp / "src"])
@@ -129,31 +129,3 @@ def test_wheel_runs_check_and_migrate_outside_the_source_tree(wheel_venv, tmp_pa
     outside = [p for p in paths if not p.resolve().is_relative_to(wheel_venv.resolve())]
     assert not outside, f"loaded from outside the wheel's virtualenv: {outside}"
     assert len(paths) == len(_project_apps()) + 4
-
-
-BASE_IMAGES = ("python:3.11-slim", "postgres:16", "redis:7")
-
-
-def _docker_missing() -> str | None:
-    """Why the image cannot be built and run here, or None. Base images are never pulled by
-    the test suite: they must already be on the machine."""
-    if shutil.which("docker") is None:
-        return "no docker client"
-
-    def ok(*args: str) -> bool:
-        return subprocess.run(["docker", *args], capture_output=True, timeout=60).returncode == 0
-
-    if not ok("info"):
-        return "no docker daemon reachable"
-    if not ok("compose", "version"):
-        return "no docker compose plugin"
-    absent = [image for image in BASE_IMAGES if not ok("image", "inspect", image)]
-    return f"base images not on this machine: {absent}" if absent else None
-
-
-def test_image_builds_and_compose_smoke_test_passes():
-    reason = _docker_missing()
-    if reason:
-        pytest.skip(f"needs docker: {reason}")
-    # Building the image installs every dependency from the index: minutes, not seconds.
-    _run(["bash", ROOT / "deploy" / "smoke-test.sh"], cwd=ROOT, timeout=1800)
