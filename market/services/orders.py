@@ -491,11 +491,12 @@ def incumbents(*, order_ids: Iterable[int], ends_at: datetime) -> dict[int, dict
 
 class _Purse:
     """What one tenant may still commit in this opening: its available balance and the room
-    under each of its safe budgets, drawn down as its orders' bids are admitted."""
+    under each of its safe budgets and hard caps, drawn down as its orders' bids are
+    admitted."""
 
     def __init__(self, *, available: int, budgets: list[tuple[Budget, int]], capped: str) -> None:
         self.available = available
-        self.budgets = budgets  # (budget, room left)
+        self.budgets = budgets  # (safe budget or hard cap, room left)
         self.capped = capped  # why a hard cap stops every bid, or ""
 
     def admit(self, amount: int, campaign_id: int | None) -> str:
@@ -514,8 +515,9 @@ class _Purse:
                 scope = (
                     f"campaign {budget.campaign.name!r}" if budget.campaign_id else budget.window
                 )
+                kind = "hard cap" if budget.mode == Budget.Mode.HARD else "budget"
                 return (
-                    f"the {scope} budget of {credits(budget.cap)} credits has "
+                    f"the {scope} {kind} of {credits(budget.cap)} credits has "
                     f"{credits(max(self.budgets[i][1], 0))} left and this round's bid needs "
                     f"{credits(amount)}"
                 )
@@ -549,6 +551,11 @@ def _purses(tenant_ids: set[int], *, now: datetime) -> dict[int, _Purse]:
             if budget.mode == Budget.Mode.SAFE:
                 usage = budget_usage(budget=budget, at=now)
                 safe.append((budget, budget.cap - usage.committed))
+            elif budget.mode == Budget.Mode.HARD:
+                # What the clearing would admit (tenants.budgets.hard_cap_admit): a bid whose
+                # most possible cost fits the room the cap leaves, so no escrow is held for
+                # a bid the cap would leave out.
+                safe.append((budget, budget.cap - budget_usage(budget=budget, at=now).spent))
         if any(b.mode == Budget.Mode.HARD for b in budgets.get(tenant_id, [])):
             hard = tenant_hard_capped(tenant=budgets[tenant_id][0].tenant, at=now)
             if hard is not None:

@@ -393,3 +393,16 @@ def test_the_staff_rounds_page_shows_each_rounds_preemptions(client, market, tea
     page = client.get("/market/admin/rounds/").content.decode()
     cells = re.findall(r'<td class="preemptions">([^<]*)</td>', page)
     assert sorted(cells) == ["0", "1", "—"]  # the open round has none yet
+
+
+def test_an_order_holds_no_escrow_its_teams_hard_cap_would_leave_out(market, team):
+    tenant, _ = team
+    admin = factories.admin_user("capper")
+    budget_set(actor=admin, tenant=tenant, window="day", cap=4_000, mode="hard")
+    big = _order(team, name="big", gpus=3, values={"a100": 3000})  # may cost 9.000
+    small = _order(team, name="small", gpus=1, values={"a100": 3000})  # may cost 3.000
+    big.refresh_from_db()
+    assert not Bid.objects.filter(order=big).exists()
+    assert big.hold_reason.startswith("the day hard cap of 4.000 credits has 4.000 left")
+    assert Bid.objects.get(order=small).escrow == 3000
+    assert balance_get(tenant=tenant).escrow == 3000
