@@ -304,6 +304,14 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# A broker outage never ends a worker: it reconnects for as long as it takes, at start too. A
+# task that is running when the connection drops finishes its own transaction; its
+# acknowledgement is lost with the connection, so the message comes back once Redis does and
+# the service finds the work done (tests/market/test_market_celery.py, the outage test).
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 300)
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 360)
 # The tasks that close, clear and settle rounds (market.rounds_tick, market.round_clear) have
@@ -385,6 +393,9 @@ GPUMARKET_CHECKPOINT_SIGNAL = os.environ.get("GPUMARKET_CHECKPOINT_SIGNAL", "USR
 # Slurm reservations per placed allocation (market/services/slurm_reservations.py): off
 # unless the platform's workers can run Slurm's client tools as an operator.
 GPUMARKET_SLURM_RESERVATIONS = env_bool("GPUMARKET_SLURM_RESERVATIONS", False)
+# Starts the name of every reservation this platform makes (`<prefix><allocation id>`): set a
+# prefix of its own on each platform (or test run) that shares a Slurm cluster.
+GPUMARKET_SLURM_RESERVATION_PREFIX = os.environ.get("GPUMARKET_SLURM_RESERVATION_PREFIX", "gm-")
 GPUMARKET_SLURM_SCONTROL = os.environ.get("GPUMARKET_SLURM_SCONTROL", "scontrol")
 GPUMARKET_SLURM_SACCTMGR = os.environ.get("GPUMARKET_SLURM_SACCTMGR", "sacctmgr")
 GPUMARKET_SLURM_TIMEOUT_SECONDS = env_int("GPUMARKET_SLURM_TIMEOUT_SECONDS", 15)

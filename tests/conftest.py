@@ -77,7 +77,11 @@ class CeleryWorker:
         log_path: Path,
         queues: str = "clearing,telemetry,default",
         extra_env: dict[str, str] | None = None,
+        pool: str = "solo",
+        options: tuple[str, ...] = ("--without-gossip", "--without-mingle", "--without-heartbeat"),
     ) -> None:
+        self.pool = pool
+        self.options = options
         self.database_url = database_url
         self.broker_url = broker_url
         self.log_path = log_path
@@ -109,12 +113,12 @@ class CeleryWorker:
                 "-Q",
                 self.queues,
                 "--pool",
-                "solo",
+                self.pool,
+                "--concurrency",
+                "1",
                 "--loglevel",
                 "INFO",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
+                *self.options,
             ],
             cwd=ROOT,
             env=self.env(),

@@ -6,7 +6,10 @@ settles a round after a crash can only be the redelivered message.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -24,6 +27,8 @@ from market.services.round_clearing import CLEARING_HOLD_ENV
 from tenants.ledger import balance_get, ledger_verify
 from tenants.models import Transfer
 from tests import factories
+from tests.conftest import CeleryWorker, free_port
+from tests.conftest import test_database_url as worker_database_url
 from tests.market.marketkit import market_make
 
 pytestmark = [pytest.mark.celery, pytest.mark.django_db(transaction=True)]
@@ -182,4 +187,130 @@ def test_the_same_task_sent_twice_settles_once(celery_worker_process, broker):
         )
 
     _wait_for("both tasks to finish", both_done, log)
+    _assert_settled_once(market.round.pk, tenants)
+
+
+class RedisServer:
+    """A Redis of this test's own, so that it can be killed and restarted (the machine's Redis
+    is shared). It keeps an append-only file, as a production Redis that is restarted does."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.folder),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ],
+            stdout=open(self.folder / "redis.log", "ab"),  # noqa: SIM115 - the child owns it
+            stderr=subprocess.STDOUT,
+        )
+        import redis
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                redis.Redis.from_url(self.url, socket_connect_timeout=0.5).ping()
+                return
+            except redis.RedisError:
+                time.sleep(0.1)
+        raise RuntimeError("own redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+def _pings(url: str) -> Callable[[], bool]:
+    def check() -> bool:
+        import redis
+
+        app = Celery(broker=url)
+        try:
+            return bool(app.control.ping(timeout=0.5))
+        except (redis.RedisError, OSError):
+            return False  # Redis is still loading its file
+        finally:
+            app.close()
+
+    return check
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+def test_a_redis_outage_mid_clearing_settles_the_round_once_without_a_restart(
+    transactional_db, own_redis, tmp_path, monkeypatch
+):
+    market, tenants = _due_round_with_bids()
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    monkeypatch.setenv(CLEARING_HOLD_ENV, str(hold))
+    monkeypatch.setenv("CELERY_BROKER_VISIBILITY_TIMEOUT", "5")
+    # Celery reads this variable before its broker argument: the clients below need it too.
+    monkeypatch.setenv("CELERY_BROKER_URL", own_redis.url)
+    worker = CeleryWorker(
+        database_url=worker_database_url(),
+        broker_url=own_redis.url,
+        log_path=tmp_path / "worker.log",
+        # As in production: a child process runs the task, the main one acknowledges it, and
+        # gossip, mingle and heartbeats are on.
+        pool="prefork",
+        options=(),
+    )
+    worker.start()
+    try:
+        app = Celery(broker=own_redis.url)
+        app.send_task("market.round_clear", args=[market.round.pk], queue="clearing")
+        app.close()
+        _wait_for(
+            "the worker to claim the round",
+            (hold / f"claimed-{market.round.pk}").exists,
+            worker.log_path,
+        )
+
+        own_redis.kill()  # the broker goes away while the task runs
+        _wait_for(
+            "the worker to notice",
+            lambda: "Connection to broker lost" in worker.log_path.read_text(),
+            worker.log_path,
+        )
+        (hold / f"release-{market.round.pk}").touch()
+        _wait_for(
+            "the task to settle the round", lambda: _settled(market.round.pk), worker.log_path
+        )
+        time.sleep(10)  # the task is done; its acknowledgement has nowhere to go
+        assert worker.proc.poll() is None, worker.log_path.read_text()[-4000:]
+
+        own_redis.start()
+        # The worker reconnects by itself and answers over the broker again.
+        _wait_for(
+            "the worker to answer over the broker again", _pings(own_redis.url), worker.log_path
+        )
+        # A redelivered copy of the task (unacknowledged when Redis died) finds it done.
+        time.sleep(8)
+        assert worker.proc.poll() is None
+    finally:
+        worker.stop()
     _assert_settled_once(market.round.pk, tenants)
