@@ -13,7 +13,8 @@ Restarts (gang model): a job whose gang ran in the previous round and this round
 another type or not at all is preempted (``market.orders.preempted``); the next round in
 which it runs, its first ``restart_seconds`` make no progress (it restarts from its last
 checkpoint). The cost applies to every policy alike, since every plan is realised the same
-way; our mechanisms also see it in their bids (``policies/market.py``).
+way (in leases long enough that a restart costs at most 1 % of a run, ``realise.py``); our
+mechanisms also see it in their bids (``policies/market.py``).
 
 Charges (market mechanisms): min(price, the job's limit) per GPU-hour x the GPU-hours the
 job actually ran, in milli-credits; the baselines charge the reserve price the same way.
@@ -31,7 +32,7 @@ from market.orders import preempted
 from market.simulator.errors import SimulationError
 from market.simulator.policies import POLICIES, Plan, Tiers, View, limit_prices
 from market.simulator.policies.queues import DEFAULT_HALF_LIFE_HOURS
-from market.simulator.realise import Ledger, fluid_gpus, place_gangs
+from market.simulator.realise import Ledger, fluid_gpus, lease_rounds, place_gangs
 from market.simulator.trace import Job
 
 JobModel = Literal["gang", "fluid"]
@@ -185,6 +186,7 @@ def _play_round(
             ledger,
             running=state.running,
             restart_share=config.restart_seconds / round_seconds,
+            lease=lease_rounds(config.restart_seconds, round_seconds),
         )
         ledger.record(placed)
         gpus = {j.id: ({placed[j.id]: float(j.scale)} if j.id in placed else {}) for j in active}

@@ -12,19 +12,23 @@ Two job models:
   a job thus receives its target share of each type. GPUs still free afterwards go to the
   unplaced jobs, oldest first, on their fastest type with room (work conservation, as
   Gavel's scheduler also runs jobs with no allocation when workers are left).
-  With a restart cost r (seconds; R the round length) a gang that ran on a type in the
-  previous round keeps its place more readily, as a standing order's restart value keeps it
-  in the clearing: the priority is target x (rounds + 1) / (received + 1/2), so a job not yet
-  run under a new plan is not put before every other (which would move every gang with a
-  share each time the plan changes), an incumbent's priority on its type is multiplied by
-  1 + r / R, and free GPUs go first to incumbents on the type they ran on. With r = 0
-  nothing changes.
+  With a restart cost r (seconds; R the round length) the plan's fractions are realised in
+  long runs, so that restarts cost little: a gang that starts keeps its type for a *lease*
+  of L = ceil(r / (1 % x R)) rounds (17 for 60 s in 6-minute rounds: each restart then costs
+  at most 1 % of the run it starts) unless it finishes first or a new plan gives it no share
+  of that type. The other places go by priority entitled / (received + 1/2), entitled being
+  target x (rounds + 1) plus what the job is owed from earlier plans (negative if it ran past
+  its share: a lease can outlast a plan, and the shares hold across plans), so a job not yet
+  run under a new plan is not put before every other; an incumbent's priority on its type is
+  multiplied by 1 + r / R, its restart value; free GPUs go first to incumbents on the type
+  they ran on. With r = 0 nothing changes (no lease, Gavel's priority).
 - ``fluid`` (the relaxation): job m holds X[m, t] x s_m GPUs of every type t at once and
   advances at sum_t T[m, t] X[m, t]; fractional GPUs, types mixed.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -32,6 +36,7 @@ from market.simulator.policies import Fractions, Tiers
 from market.simulator.trace import Job
 
 FIRST_TIME = 1e9  # priority multiplier for a (job, type) that has not run since the plan
+LEASE_OVERHEAD = 0.01  # with a restart cost, a run lasts until the restart is at most 1 % of it
 
 
 @dataclass
@@ -41,6 +46,7 @@ class Ledger:
     rounds: int = 0  # rounds realised under the current plan
     received: dict[int, dict[str, int]] = field(default_factory=dict)  # job -> type -> rounds
     owed: dict[int, dict[str, float]] = field(default_factory=dict)  # deficit from old plans
+    streak: dict[int, tuple[str, int]] = field(default_factory=dict)  # job -> (type, rounds)
 
     def new_plan(self, old: Fractions) -> None:
         """Carry each (job, type)'s deficit under the old plan over, then start counting."""
@@ -62,6 +68,11 @@ class Ledger:
 
     def record(self, placed: dict[int, str]) -> None:
         self.rounds += 1
+        streak: dict[int, tuple[str, int]] = {}
+        for job_id, gpu_type in placed.items():
+            kind, run = self.streak.get(job_id, (gpu_type, 0))
+            streak[job_id] = (gpu_type, run + 1 if kind == gpu_type else 1)
+        self.streak = streak
         for job_id, gpu_type in placed.items():
             per_type = self.received.setdefault(job_id, {})
             per_type[gpu_type] = per_type.get(gpu_type, 0) + 1
@@ -69,6 +80,15 @@ class Ledger:
     def forget(self, job_id: int) -> None:
         self.received.pop(job_id, None)
         self.owed.pop(job_id, None)
+        self.streak.pop(job_id, None)
+
+
+def lease_rounds(restart_seconds: float, round_seconds: float) -> int:
+    """Rounds a gang keeps its GPUs once started: the fewest for which a restart costs at
+    most ``LEASE_OVERHEAD`` of the run (1, no lease, without a restart cost)."""
+    if restart_seconds <= 0:
+        return 1
+    return math.ceil(restart_seconds / (LEASE_OVERHEAD * round_seconds))
 
 
 def place_gangs(
@@ -79,11 +99,13 @@ def place_gangs(
     *,
     running: Mapping[int, str] | None = None,
     restart_share: float = 0.0,
+    lease: int = 1,
 ) -> dict[int, str]:
     """The GPU type each placed job's whole gang runs on this round (see the module doc).
 
     ``running``: job id -> the type its gang ran on last round; ``restart_share``: the restart
-    cost as a share of a round (0 = none: ``running`` is then ignored)."""
+    cost as a share of a round (0 = none: ``running`` is then ignored); ``lease``: rounds a
+    gang keeps its type once started while the plan gives it a share there (1 = none)."""
     running = running if restart_share > 0 else {}
     entries: list[tuple[float, float, float, float, int, str]] = []
     for job in jobs:
@@ -93,9 +115,12 @@ def place_gangs(
             got = ledger.received.get(job.id, {}).get(gpu_type, 0)
             if restart_share > 0:
                 # A job not yet run under this plan is not put first: that would move every
-                # gang with a share at each new plan. An incumbent's claim is worth the
-                # restart it saves, as a standing order's restart value in the clearing.
-                priority = target * (ledger.rounds + 1) / (got + 0.5)
+                # gang with a share at each new plan. What it is owed from earlier plans, or
+                # has had beyond them, counts: a lease can outlast a plan, and the shares must
+                # hold across plans. An incumbent's claim is worth the restart it saves, as a
+                # standing order's restart value in the clearing.
+                owed = ledger.owed.get(job.id, {}).get(gpu_type, 0.0)
+                priority = max(target * (ledger.rounds + 1) + owed, 0.0) / (got + 0.5)
                 if running.get(job.id) == gpu_type:
                     priority *= 1 + restart_share
             else:
@@ -106,6 +131,15 @@ def place_gangs(
     by_id = {job.id: job for job in jobs}
     free = dict(tiers)
     placed: dict[int, str] = {}
+    for job in jobs if lease > 1 else []:  # gangs within their lease keep their GPUs
+        gpu_type, run = ledger.streak.get(job.id, ("", 0))
+        if (
+            0 < run < lease
+            and fractions.get(job.id, {}).get(gpu_type, 0) > 0
+            and free[gpu_type] >= job.scale
+        ):
+            placed[job.id] = gpu_type
+            free[gpu_type] -= job.scale
     for *_, job_id, gpu_type in entries:
         scale = by_id[job_id].scale
         if job_id not in placed and free[gpu_type] >= scale:

@@ -142,14 +142,15 @@ def test_an_incumbent_kept_by_its_restart_value_is_not_preempted():
 
 
 def test_each_restart_loses_restart_seconds_of_progress():
-    # Two identical jobs share one GPU under max-min: they take turns, and each turn after
-    # the first costs the job that resumes its first 60 s.
+    # Two identical jobs share one GPU under max-min: they take turns (in leases of 17
+    # rounds, 1.7 h, each longer than a restart costs), and each turn after the first costs
+    # the job that resumes its first 60 s.
     jobs = [
         Job(
             id=i,
             job_type="x",
             scale=1,
-            steps=3_600,
+            steps=36_000,
             arrival=0.0,
             tenant=i,
             throughput={"v100": 1.0},
@@ -161,9 +162,9 @@ def test_each_restart_loses_restart_seconds_of_progress():
     assert all(o.preemptions > 0 for o in result.jobs)
     for o in result.jobs:
         assert o.lost_seconds == 60 * o.preemptions
-    # The GPU was busy for the work (7,200 s) plus every restart.
+    # The GPU was busy for the work (72,000 s) plus every restart.
     busy = sum(r.busy_gpu_seconds for r in result.rounds)
-    assert busy == pytest.approx(7_200 + 60 * sum(o.preemptions for o in result.jobs))
+    assert busy == pytest.approx(72_000 + 60 * sum(o.preemptions for o in result.jobs))
     # Rounds run back to back; the GPU idles only after the first job ends, within a round.
     last = max(o.finish for o in result.jobs)
     assert busy <= last < busy + ROUND
@@ -172,10 +173,15 @@ def test_each_restart_loses_restart_seconds_of_progress():
     assert summary.preemptions_max == max(o.preemptions for o in result.jobs)
     assert summary.preemptions_mean == pytest.approx(summary.preemptions_total / 2)
     assert summary.restart_seconds == 60
+    # No job was stopped within its lease: every turn lasted 17 rounds or more.
+    ran = [r.placed for r in result.rounds]
+    turns = [i for i in range(1, len(ran)) if ran[i] != ran[i - 1]]
+    assert turns and all(b - a >= 17 for a, b in zip([0, *turns], turns, strict=False))
+    assert summary.preemptions_total == len(turns) - 1  # the last: a job finished
     free = simulate(
         jobs, policy="gavel-maxmin", config=SimConfig(tiers={"v100": 1}, tenants=2, round_minutes=6)
     )
-    assert max(o.finish for o in free.jobs) == pytest.approx(7_200)
+    assert max(o.finish for o in free.jobs) == pytest.approx(72_000)
 
 
 def test_a_baseline_that_moves_a_gang_pays_the_restart_too():
