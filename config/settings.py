@@ -256,10 +256,16 @@ GPUMARKET_PACE = {
 }
 
 # Rate-limit counters live in the cache: with several web processes it must be shared (Redis).
+# When it is down the limits fail open (core/ratelimit.py); the short timeouts keep a Redis that
+# hangs instead of refusing from holding every request.
 CACHE_URL = os.environ.get("CACHE_URL", "")
 if CACHE_URL.startswith(("redis://", "rediss://")):
     CACHES = {
-        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": CACHE_URL,
+            "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        }
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}

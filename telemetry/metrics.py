@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from django.db.models import Count, Max, Q, Sum
 
 from audit.models import AuditEvent
+from core.ratelimit import rate_limit_fail_open_counts
 from market.models import Bid, Round, Tier
 from telemetry.models import EnforcementAction, Gpu, Node
 from tenants.models import Account
@@ -121,6 +122,14 @@ def metrics_collect() -> list[_Family]:
 
     audit_len = _Family("gpumarket_audit_events", "gauge", "Events in the audit log.")
     audit_len.add(AuditEvent.objects.aggregate(n=Max("seq"))["n"] or 0)
+    fail_open = _Family(
+        "gpumarket_rate_limit_fail_open_total",
+        "counter",
+        "Requests let through uncounted because the rate-limit cache was unreachable "
+        "(this web process, since it started).",
+    )
+    for scope, n in rate_limit_fail_open_counts().items():
+        fail_open.add(n, scope=scope)
     return [
         rounds,
         bids,
@@ -135,6 +144,7 @@ def metrics_collect() -> list[_Family]:
         actions,
         ledger,
         audit_len,
+        fail_open,
     ]
 
 

@@ -20,6 +20,7 @@ from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.ratelimit import CACHE_ERRORS, rate_limit_fail_open
 from market.models import Allocation
 from market.services.slurm_reservations import reservation_name
 from telemetry import selectors, services
@@ -92,7 +93,11 @@ def ingest(request: HttpRequest) -> JsonResponse:
         node = services.node_authenticate(authorization=request.headers.get("Authorization", ""))
     except TelemetryError as exc:
         return _refusal(exc)
-    retry_after = _rate_exceeded(node_id=node.pk)
+    try:
+        retry_after = _rate_exceeded(node_id=node.pk)
+    except CACHE_ERRORS as exc:
+        rate_limit_fail_open(scope="ingest", error=exc)
+        retry_after = 0
     if retry_after:
         response = JsonResponse(
             {

@@ -8,6 +8,7 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
 from core.api import JSONParser, StrictLimitOffsetPagination
+from core.ratelimit import CACHE_ERRORS, rate_limit_fail_open
 from tenants.access import access_object, membership_of, scoped
 from tenants.models import ApiToken, Tenant
 
@@ -43,6 +44,13 @@ class ScopedThrottle(SimpleRateThrottle):
 
     def get_rate(self) -> str | None:
         return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+
+    def allow_request(self, request, view) -> bool:
+        try:
+            return super().allow_request(request, view)
+        except CACHE_ERRORS as exc:
+            rate_limit_fail_open(scope=self.scope, error=exc)
+            return True
 
     def get_cache_key(self, request, view) -> str:
         if isinstance(request.auth, ApiToken):

@@ -421,3 +421,18 @@ def test_placing_a_bid_answers_what_was_stored_in_a_pinned_number_of_statements(
         placed = post(api, "/api/v1/bids", bid_body(world, note="pinned"))
     assert placed.status_code == 201, placed.content
     assert api.get(f"/api/v1/bids/{placed.json()['id']}").json() == placed.json()
+
+
+def test_bids_are_placed_while_the_rate_limit_cache_is_down(world, settings, caplog):
+    from tests.conftest import free_port
+
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
+        }
+    }
+    api = world.a.client()
+    response = post(api, "/api/v1/bids", bid_body(world, quantity=1))
+    assert response.status_code == 201, response.content
+    assert "rate limit bids not counted" in caplog.text

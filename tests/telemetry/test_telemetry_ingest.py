@@ -407,3 +407,26 @@ def test_a_node_posting_faster_than_its_rate_gets_429_with_retry_after_and_nothi
     assert 1 <= int(limited[0]["Retry-After"]) <= 60
     assert "batches a minute" in limited[0].json()["errors"]["rate"][0]
     assert IngestBatch.objects.filter(node=node).count() == len(answers) - len(limited)
+
+
+def test_ingest_goes_on_while_the_rate_limit_cache_is_down_and_metrics_count_it(
+    client, node_token, settings, caplog
+):
+    from tests.conftest import free_port
+    from tests.telemetry.test_metrics import _value
+
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
+        }
+    }
+    metrics = {"HTTP_AUTHORIZATION": f"Bearer {settings.GPUMARKET_METRICS_TOKEN}"}
+    body = client.get("/metrics", **metrics).content.decode()
+    before = _value(body, "gpumarket_rate_limit_fail_open_total", scope="ingest")
+    node, token = node_token
+    assert post(client, token, batch(gpus=1)).status_code == 200
+    assert IngestBatch.objects.filter(node=node).count() == 1
+    assert "rate limit ingest not counted" in caplog.text
+    body = client.get("/metrics", **metrics).content.decode()
+    assert _value(body, "gpumarket_rate_limit_fail_open_total", scope="ingest") == before + 1
