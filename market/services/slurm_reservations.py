@@ -1,5 +1,7 @@
 """Slurm reservations for placed allocations: `sbatch --reservation=gm-<id>` lands on the
-allocation's node, and only under its team's Slurm account.
+allocation's node, and only under its team's Slurm account. ``gm-`` is the site prefix
+(GPUMARKET_SLURM_RESERVATION_PREFIX): platforms sharing a cluster each set their own, and
+every name this platform makes, and every reservation it ends, carries it.
 
 Settlement queues ``slurm_reservations_create`` for the allocations it placed when
 GPUMARKET_SLURM_RESERVATIONS is on (the platform's workers then need Slurm's client tools and
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from market.models import Allocation
@@ -47,9 +50,19 @@ class Reserved:
     created: bool  # False when it already existed (a retried task)
 
 
+# A prefix that starts a Slurm name (never one that reads as an option), leaving room for ids.
+_PREFIX = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,43}$")
+
+
 def reservation_name(allocation: Allocation | int) -> str:
     pk = allocation if isinstance(allocation, int) else allocation.pk
-    return f"gm-{pk}"
+    prefix = settings.GPUMARKET_SLURM_RESERVATION_PREFIX
+    if not _PREFIX.match(prefix):
+        raise ImproperlyConfigured(
+            f"GPUMARKET_SLURM_RESERVATION_PREFIX={prefix!r}: must be 1 to 44 letters, digits, "
+            "'_', '.' or '-', not starting with '-' or '.'"
+        )
+    return f"{prefix}{pk}"
 
 
 def slurm_account(tenant_slug: str) -> str:

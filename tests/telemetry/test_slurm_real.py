@@ -44,7 +44,10 @@ ENFORCE_SECONDS = 1.5
 WITHIN = 3 * ENFORCE_SECONDS + 2 * AGENT_SECONDS + 3  # plus the Slurm round trips
 GRACE_SECONDS = 3
 KILL_WAIT = 2  # the test cluster's KillWait (scripts/slurm.sh)
-JOB_NAME = "gm-test"
+# This run's own job name and reservation prefix: the cleanup cancels and deletes only what
+# this run made, never a platform's (or another run's) jobs and reservations on the cluster.
+JOB_NAME = f"gm-test-{os.getpid()}"
+RESERVATION_PREFIX = f"gmtest{os.getpid()}-"
 
 
 def _run(*command: str) -> subprocess.CompletedProcess:
@@ -67,12 +70,19 @@ def slurm_node() -> str:
 
 
 @pytest.fixture
-def slurm_cleanup():
+def slurm_cleanup(settings, monkeypatch):
+    settings.GPUMARKET_SLURM_RESERVATION_PREFIX = RESERVATION_PREFIX
+    # The web app and workers a test starts read it from the environment.
+    monkeypatch.setenv("GPUMARKET_SLURM_RESERVATION_PREFIX", RESERVATION_PREFIX)
     yield
     _run("scancel", f"--name={JOB_NAME}")
-    shown = _run("scontrol", "show", "reservation", "--oneliner")
-    for name in re.findall(r"ReservationName=(gm-\d+)", shown.stdout):
+    for name in _reservations_of_this_run():
         _run("scontrol", "delete", f"reservation={name}")
+
+
+def _reservations_of_this_run() -> list[str]:
+    shown = _run("scontrol", "show", "reservation", "--oneliner")
+    return re.findall(rf"ReservationName=({re.escape(RESERVATION_PREFIX)}\d+)", shown.stdout)
 
 
 def _submit(*args: str, script: str, env: dict[str, str] | None = None) -> str:
@@ -119,6 +129,7 @@ def test_settlement_reserves_the_node_for_the_team_and_only_its_jobs_get_in(
     (reserved,) = slurm_reservations_create(allocation_ids=[allocation.pk])
     name = reservation_name(allocation)
     assert reserved.created and reserved.name == name
+    assert name.startswith(RESERVATION_PREFIX)  # this run's, which its cleanup deletes
     shown = dict(re.findall(r"(\w+)=(\S*)", _run("scontrol", "show", "reservation", name).stdout))
     assert shown["Nodes"] == slurm_node
     assert shown["Accounts"] == slurm_account(team.slug)
