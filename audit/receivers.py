@@ -4,6 +4,7 @@ admin, a management command, a shell). The admin says who did it (``_audit_actor
 
 from __future__ import annotations
 
+from axes.helpers import get_failure_limit
 from axes.signals import user_locked_out
 from django.conf import settings
 from django.db import transaction
@@ -15,6 +16,11 @@ import audit.services as audit
 
 @receiver(user_locked_out)
 def lockout_recorded(sender, request, username, ip_address, **kwargs) -> None:
+    # axes signals a lock-out on every refused attempt; the lock begins at the attempt that
+    # reaches the limit, and only that one is recorded (400 refused attempts were 401 events).
+    limit = get_failure_limit(request, getattr(request, "axes_credentials", None))
+    if getattr(request, "axes_failures_since_start", limit) != limit:
+        return
     with transaction.atomic():
         audit.record(
             actor="sign-in throttle",

@@ -130,10 +130,10 @@ CONTENT_SECURITY_POLICY = {
     }
 }
 
-# Sign-in throttling (django-axes) on the site login and /admin/login/: a username with
-# AXES_FAILURE_LIMIT wrong passwords in a row is locked, and so is an address with that many,
-# each for AXES_COOLOFF_TIME; the right password does not get through a lock-out. Every
-# lock-out is an audit event (audit/receivers.py). Behind a reverse proxy, set
+# Sign-in throttling (django-axes) on the site login and /admin/login/: a (username, address)
+# pair with AXES_FAILURE_LIMIT wrong passwords is locked, and so is an address with that many,
+# each for AXES_COOLOFF_TIME; the right password does not get through a lock-out. Each lock
+# is one audit event (audit/receivers.py). Behind a reverse proxy, set
 # AXES_IPWARE_PROXY_COUNT so the client's address, not the proxy's, is counted.
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
@@ -141,11 +141,15 @@ AUTHENTICATION_BACKENDS = [
 ]
 AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 10)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15))
-AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# A username is locked only together with the address the wrong passwords came from, so no one
+# can lock its owner out from elsewhere; an address is locked whatever usernames it tried.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_IPWARE_PROXY_COUNT = env_int("AXES_IPWARE_PROXY_COUNT", 0) or None
 AXES_VERBOSE = False
+# tenants/admin.py registers axes' admin itself, with an action that unlocks (core/signin.py).
+AXES_ENABLE_ADMIN = False
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"

@@ -1,6 +1,8 @@
 """Django admin for tenants and the ledger. Balances are never edited here: a credit grant
 goes through the ledger service with a reason, like every other movement of credits."""
 
+from axes.admin import AccessAttemptAdmin, AccessFailureLogAdmin, AccessLogAdmin
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
@@ -8,6 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
 
 from core.errors import DomainError
+from core.signin import signin_unlock
 from tenants.forms import GrantForm
 from tenants.ledger import credits, credits_grant
 from tenants.models import (
@@ -183,3 +186,25 @@ class AuditedUserAdmin(UserAdmin):
     def save_model(self, request, obj, form, change):
         obj._audit_actor = request.user
         super().save_model(request, obj, form, change)
+
+
+# django-axes' own admin, registered here (AXES_ENABLE_ADMIN is off) to add the unlock action.
+admin.site.register(AccessLog, AccessLogAdmin)
+admin.site.register(AccessFailureLog, AccessFailureLogAdmin)
+
+
+@admin.register(AccessAttempt)
+class UnlockingAccessAttemptAdmin(AccessAttemptAdmin):
+    """Failed sign-ins. "Unlock" lifts the locks on the selected attempts' addresses."""
+
+    actions = [*AccessAttemptAdmin.actions, "unlock"]
+
+    @admin.action(
+        description="Unlock the addresses of the selected attempts", permissions=["delete"]
+    )
+    def unlock(self, request, queryset):
+        addresses = set(queryset.values_list("ip_address", flat=True))
+        removed = signin_unlock(ip_addresses=addresses, actor=request.user)
+        self.message_user(
+            request, f"Unlocked {len(addresses)} address(es); {removed} attempt record(s) removed."
+        )
