@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from audit.chain import checkpoint_body, mac, same
 from audit.keys import UnknownKey, signing_key, verifying_key
-from audit.models import AuditEvent
+from audit.models import AuditEvent, CheckpointRecord
 
 # A checkpoint line is small; reading this much from the end always holds the last one.
 _TAIL_BYTES = 4096
@@ -138,6 +138,7 @@ def checkpoint_write() -> Checkpoint | None:
         f.write((json.dumps(record, sort_keys=True) + "\n").encode())
         f.flush()
         os.fsync(f.fileno())
+    CheckpointRecord.objects.get_or_create(seq=head["seq"], defaults={"taken_at": taken_at})
     return Checkpoint(
         line=0,
         seq=head["seq"],
@@ -146,3 +147,37 @@ def checkpoint_write() -> Checkpoint | None:
         key_id=key_id,
         signature=record["signature"],
     )
+
+
+def checkpoint_store_problem(checkpoints: list[Checkpoint]) -> str:
+    """Why the checkpoint file cannot vouch for the log's tail, or "" when it can.
+
+    ``checkpoints`` is what ``checkpoints_read`` returned. Without a checkpoint a cut tail
+    cannot be seen, so a file that is missing or empty while the log has events is a problem,
+    and so is a file whose last checkpoint is older than the last one the database recorded.
+    """
+    path = _path()
+    recorded = CheckpointRecord.objects.order_by("-seq").first()
+    if not checkpoints:
+        if not AuditEvent.objects.exists() and recorded is None:
+            return ""
+        state = "is missing" if not os.path.exists(path) else "is empty"
+        after = (
+            f"; the database recorded a checkpoint of seq {recorded.seq} at {recorded.taken_at:%Y-%m-%d %H:%M:%S %Z}"
+            if recorded
+            else "; on a new installation, run `gpumarket audit-checkpoint` to write the first"
+        )
+        return (
+            f"the checkpoint file {path} {state}, so a cut or rewritten tail of the log cannot "
+            f"be detected{after}. Restore the file from its copy, or check "
+            "GPUMARKET_AUDIT_CHECKPOINT_PATH"
+        )
+    last = max(c.seq for c in checkpoints)
+    if recorded is not None and last < recorded.seq:
+        return (
+            f"the checkpoint file {path} is behind: its last checkpoint is of seq {last}, but "
+            f"the database recorded a checkpoint of seq {recorded.seq} at "
+            f"{recorded.taken_at:%Y-%m-%d %H:%M:%S %Z}. The file lost lines (an old copy, or a "
+            "cut tail): restore it from its copy"
+        )
+    return ""

@@ -43,3 +43,15 @@ class AuditEvent(models.Model):
         return (
             f"#{self.seq} {self.action} {self.object_type}:{self.object_id} by {self.actor_label}"
         )
+
+
+class CheckpointRecord(models.Model):
+    """The database's own note of each checkpoint written to the checkpoint file
+    (audit/checkpoints.py). The file is what proves the tail; this only lets verify-audit see
+    that the file it reads is missing lines the application wrote (an old copy, a cut tail)."""
+
+    seq = models.BigIntegerField(unique=True)
+    taken_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"checkpoint of seq {self.seq} at {self.taken_at:%Y-%m-%d %H:%M:%S}"

@@ -56,6 +56,8 @@ PY
 
 step "ledger and audit chain verify"
 compose exec -T web gpumarket verify-ledger
+# verify-audit needs a checkpoint of the head; beat's first may not have been written yet.
+compose exec -T web gpumarket audit-checkpoint
 compose exec -T web gpumarket verify-audit
 
 step "a simulated node registers and posts samples"
