@@ -65,12 +65,13 @@ def test_the_application_role_writes_rows_but_cannot_get_around_the_append_only_
             ),
             (
                 f"UPDATE audit_auditevent SET action = 'forged' WHERE id = {event.pk}",
-                psycopg.errors.RaiseException,
+                psycopg.errors.InsufficientPrivilege,
             ),
             (
                 f"DELETE FROM audit_auditevent WHERE id = {event.pk}",
-                psycopg.errors.RaiseException,
+                psycopg.errors.InsufficientPrivilege,
             ),
+            ("DELETE FROM audit_checkpointrecord", psycopg.errors.InsufficientPrivilege),
             ("TRUNCATE audit_auditevent", psycopg.errors.InsufficientPrivilege),
             ("CREATE TABLE forged (id int)", psycopg.errors.InsufficientPrivilege),
         ]
@@ -86,3 +87,38 @@ def test_the_application_role_takes_the_chains_lock_and_reads_its_head(app_role)
     with psycopg.connect(app_role) as conn:  # a transaction, as an append runs in
         head = conn.execute("SELECT seq, hash FROM audit_chain_head(%s)", [audit._CHAIN_LOCK_KEY])
         assert head.fetchone() == (event.seq, event.hash)
+
+
+AUDIT_TABLES = ("audit_auditevent", "audit_checkpointrecord")
+
+
+def _privileges(role: str, table: str) -> set[str]:
+    held = set()
+    with connection.cursor() as cursor:
+        for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE"):
+            cursor.execute("SELECT has_table_privilege(%s, %s, %s)", [role, table, privilege])
+            if cursor.fetchone()[0]:
+                held.add(privilege)
+    return held
+
+
+def test_the_application_role_may_only_insert_and_select_audit_rows(app_role):
+    role = app_role.split("user=")[1].split()[0]
+    for table in AUDIT_TABLES:
+        assert _privileges(role, table) == {"SELECT", "INSERT"}, table
+
+
+def test_audit_tables_created_after_the_role_are_insert_and_select_only(app_role):
+    """compose runs the script on an empty database, before migrate creates the tables: the
+    default privileges grant UPDATE and DELETE on them, and the audit migration takes those
+    back from every role but the owner."""
+    import importlib
+
+    role = app_role.split("user=")[1].split()[0]
+    revoke = importlib.import_module("audit.migrations.0006_app_role_insert_only").REVOKE
+    with connection.cursor() as cursor:
+        for table in AUDIT_TABLES:  # what the default privileges give a table created later
+            cursor.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO "{role}"')
+        cursor.execute(revoke)
+    for table in AUDIT_TABLES:
+        assert _privileges(role, table) == {"SELECT", "INSERT"}, table
