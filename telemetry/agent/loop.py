@@ -15,19 +15,22 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from telemetry.agent.backends import Backend
-from telemetry.agent.directives import Executor
+from telemetry.agent.directives import Executor, outcome_combine
 from telemetry.agent.protocol import (
+    SWEEP_PID,
     Batch,
     Directive,
     DirectiveInvalid,
     DirectiveResult,
     GpuInfo,
+    GpuSample,
     ObservedProcess,
     directive_parse,
+    sweep_targets,
     utcnow,
 )
 from telemetry.agent.transport import Delivered, IngestClient, Refused, Unavailable
@@ -100,6 +103,8 @@ class AgentLoop:
         self._next_attempt_at = float("-inf")
         self._gpus: tuple[GpuInfo, ...] = ()
         self._observed: dict[int, ObservedProcess] = {}
+        # GPU uuid -> its latest sample, with every process (also those not listed in it).
+        self._samples: dict[str, GpuSample] = {}
         self._pending: list[DirectiveResult] = []
         # Directive id -> its outcome (None while in progress). Bounded: the server does not
         # resend a directive it has seen acknowledged, so old ids can be forgotten.
@@ -173,6 +178,7 @@ class AgentLoop:
             logger.exception("sampling failed; no batch this iteration")
             return None
         self._gpus = gpus
+        self._samples = {sample.gpu: sample for sample in samples}
         self._observed = {
             process.pid: ObservedProcess(gpu=sample.gpu, process=process)
             for sample in samples
@@ -290,6 +296,8 @@ class AgentLoop:
                 id=directive.id, outcome="failed", detail=f"GPU {directive.gpu} is not on this node"
             )
         try:
+            if directive.action == "pause" and directive.pid == SWEEP_PID:
+                return self._sweep(directive)
             return self.executor.apply(directive, observed=self._observed)
         except Exception as exc:
             logger.exception("executor %s failed on directive %d", self.executor.name, directive.id)
@@ -332,3 +340,38 @@ class AgentLoop:
         if any(r.id == directive_id for batch in self._backlog for r in batch.directive_results):
             return
         self._pending.append(result)
+
+    def _sweep(self, directive: Directive) -> DirectiveResult:
+        """A pause of pid 0: pause, one by one, every process of the GPU that the latest
+        sample did not list and that shares no running listed process's allocation and
+        launch token (protocol.sweep_targets), from the backend's full list."""
+        sample = self._samples.get(directive.gpu or "")
+        if sample is None:
+            return DirectiveResult(
+                id=directive.id,
+                outcome="failed",
+                detail=f"a pause of pid {SWEEP_PID} needs a GPU of this node, not {directive.gpu!r}",
+            )
+        targets = sweep_targets(sample.processes)
+        if not targets:
+            return DirectiveResult(
+                id=directive.id,
+                outcome="done",
+                detail=f"no unreported work to pause on {directive.gpu}",
+            )
+        results = []
+        for target in targets:
+            result = self.executor.apply(
+                replace(directive, pid=target.pid, allocation=target.allocation),
+                observed=self._observed,
+            )
+            results.append(
+                result
+                or DirectiveResult(id=directive.id, outcome="done", detail=f"pid {target.pid}")
+            )
+        combined = outcome_combine(directive.id, results)
+        return replace(
+            combined,
+            detail=f"paused {len(targets)} unreported process(es) on {directive.gpu}: "
+            + combined.detail,
+        )

@@ -30,7 +30,12 @@ MAX_SLURM_JOB_CHARS = 64
 MAX_POD_CHARS = 253
 # A launch token (GPUMARKET_LAUNCH_TOKEN, set by `gpumarket run`) is a SHA-256 HMAC in hex.
 MAX_LAUNCH_TOKEN_CHARS = 64
+# A sample lists at most this many processes of a GPU one by one; the rest are sent as one
+# `unreported` aggregate, which enforcement sweeps with a pause of pid 0 (processes_split).
 MAX_PROCESSES_PER_GPU = 256
+# The pid of a pause that means "every process of the GPU that the sample did not list and
+# that shares no running listed process's allocation and launch token" (no process has 0).
+SWEEP_PID = 0
 
 
 def claim_clip(value: str | None, *, limit: int) -> str | None:
@@ -38,6 +43,52 @@ def claim_clip(value: str | None, *, limit: int) -> str | None:
     if not value or len(value) > limit or not value.isprintable():
         return None
     return value
+
+
+def _work_of(process: ProcessSample) -> tuple[int | None, str | None]:
+    """What a process runs as, for the sweep: its allocation and launch token as sent."""
+    return process.allocation, claim_clip(process.launch_token, limit=MAX_LAUNCH_TOKEN_CHARS)
+
+
+def _rank(process: ProcessSample) -> tuple[bool, int, int]:
+    return process.state != "running", -process.memory_mib, process.pid
+
+
+def processes_split(
+    processes: tuple[ProcessSample, ...],
+) -> tuple[tuple[ProcessSample, ...], tuple[ProcessSample, ...]]:
+    """The processes a GPU's sample lists one by one, and the rest (unreported).
+
+    Within the limit every process is listed. Past it, one process of each (allocation,
+    launch token) is listed first (groups with running work first, then by their GPU
+    memory), then the others: work that is listed, running and allowed covers the
+    unreported processes that share its allocation and token, and everything else is swept.
+    Both keep the backend's order.
+    """
+    if len(processes) <= MAX_PROCESSES_PER_GPU:
+        return tuple(processes), ()
+    groups: dict[tuple[int | None, str | None], list[ProcessSample]] = {}
+    for process in sorted(processes, key=_rank):
+        groups.setdefault(_work_of(process), []).append(process)
+    ordered = sorted(
+        groups.values(),
+        key=lambda group: (_rank(group[0])[0], -sum(p.memory_mib for p in group), group[0].pid),
+    )
+    heads = [group[0] for group in ordered]
+    others = sorted((p for group in ordered for p in group[1:]), key=_rank)
+    chosen = {id(p) for p in (heads + others)[:MAX_PROCESSES_PER_GPU]}
+    return (
+        tuple(p for p in processes if id(p) in chosen),
+        tuple(p for p in processes if id(p) not in chosen),
+    )
+
+
+def sweep_targets(processes: tuple[ProcessSample, ...]) -> tuple[ProcessSample, ...]:
+    """The processes a pause of pid 0 stops: unreported, running, and of no running listed
+    process's allocation and launch token."""
+    listed, unreported = processes_split(processes)
+    covered = {_work_of(p) for p in listed if p.state == "running"}
+    return tuple(p for p in unreported if p.state == "running" and _work_of(p) not in covered)
 
 
 # Used when the server leaves grace_seconds out: long enough for a training job to write a
@@ -129,7 +180,8 @@ class GpuSample:
     processes: tuple[ProcessSample, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        listed, unreported = processes_split(self.processes)
+        wire: dict[str, Any] = {
             "gpu": self.gpu,
             "at": _iso(self.at),
             "utilization_pct": self.utilization_pct,
@@ -138,8 +190,15 @@ class GpuSample:
             "power_w": self.power_w,
             "temperature_c": self.temperature_c,
             "energy_j": self.energy_j,
-            "processes": [process.to_wire() for process in self.processes[:MAX_PROCESSES_PER_GPU]],
+            "processes": [process.to_wire() for process in listed],
         }
+        if unreported:
+            wire["unreported"] = {
+                "count": len(unreported),
+                "memory_mib": sum(p.memory_mib for p in unreported),
+                "running": len(sweep_targets(self.processes)),
+            }
+        return wire
 
 
 @dataclass(frozen=True, slots=True)

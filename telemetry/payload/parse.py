@@ -30,6 +30,7 @@ from telemetry.payload.reports import (
     PROCESS_STATES,
     TEMPERATURE_MAX_C,
     TEMPERATURE_MIN_C,
+    UNREPORTED_MEMORY_MAX_MIB,
     BatchReport,
     DirectiveOutcome,
     GpuReport,
@@ -210,19 +211,22 @@ def _claim(
 
 def _processes_parse(
     errors: _Errors, raw: Any, field: str, refused: dict[str, list[str]]
-) -> tuple[ProcessReport, ...]:
+) -> tuple[tuple[ProcessReport, ...], list[Any]]:
     """The processes of one sample. What the agent measures (pid, memory, state) must be
     right or the batch is refused; what a process claims about itself (its allocation, Slurm
     job or pod) is untrusted: a bad claim is dropped and named in ``refused``, and the process
-    is kept, unclaimed, so enforcement still sees it."""
+    is kept, unclaimed, so enforcement still sees it. Items past the limit are returned
+    unread, to be counted as unreported work."""
     if type(raw) is not list:
         errors.add(field, f"must be a list, got {_describe(raw)}")
-        return ()
+        return (), []
+    extra: list[Any] = []
     if len(raw) > MAX_PROCESSES_PER_SAMPLE:
         refused.setdefault(field, []).append(
-            f"has {len(raw)} processes; kept the first {MAX_PROCESSES_PER_SAMPLE}"
+            f"has {len(raw)} processes; kept the first {MAX_PROCESSES_PER_SAMPLE} and counted "
+            "the rest as unreported work"
         )
-        raw = raw[:MAX_PROCESSES_PER_SAMPLE]
+        raw, extra = raw[:MAX_PROCESSES_PER_SAMPLE], raw[MAX_PROCESSES_PER_SAMPLE:]
     processes = []
     for j, item in enumerate(raw):
         where = f"{field}[{j}]"
@@ -254,7 +258,64 @@ def _processes_parse(
         pod = _claim(refused, item, "pod", where, 253)
         token = _claim(refused, item, "launch_token", where, 64)
         processes.append(ProcessReport(pid, memory, allocation, slurm_job, pod, state, token))  # type: ignore[arg-type]
-    return tuple(processes)
+    return tuple(processes), extra
+
+
+def _unreported_parse(
+    errors: _Errors,
+    raw: Any,
+    field: str,
+    *,
+    listed: tuple[ProcessReport, ...],
+    extra: list[Any],
+) -> ProcessReport | None:
+    """The processes of a GPU its sample did not list (the agent's `unreported` aggregate,
+    plus any past this server's limit) as one observation of pid 0: running when some of them
+    run and share no running listed process's allocation and launch token, which is what a
+    pause of pid 0 stops (docs/telemetry-protocol.md)."""
+    count = memory = running = 0
+    if raw is not None:
+        if type(raw) is not dict:
+            errors.add(field, f"must be an object, got {_describe(raw)}")
+            return None
+        count, memory, running = (raw.get(key) for key in ("count", "memory_mib", "running"))
+        if type(count) is not int or not 1 <= count <= PID_MAX:
+            errors.add(
+                f"{field}.count", f"must be a whole number 1..{PID_MAX}, got {_describe(count)}"
+            )
+            return None
+        if type(memory) is not int or not 0 <= memory <= UNREPORTED_MEMORY_MAX_MIB:
+            errors.add(
+                f"{field}.memory_mib",
+                f"must be a whole number of MiB, 0..{UNREPORTED_MEMORY_MAX_MIB}, got {_describe(memory)}",
+            )
+            return None
+        if type(running) is not int or not 0 <= running <= count:
+            errors.add(
+                f"{field}.running",
+                f"must be a whole number 0..count ({count}), got {_describe(running)}",
+            )
+            return None
+    if extra:
+        covered = {(p.allocation, p.launch_token) for p in listed if p.state == "running"}
+        for raw_item in extra:
+            item = raw_item if type(raw_item) is dict else {}
+            size = item.get("memory_mib")
+            memory += size if type(size) is int and 0 <= size <= MEMORY_MAX_MIB else 0
+            work = (item.get("allocation"), item.get("launch_token") or "")
+            if item.get("state") != "stopped" and work not in covered:
+                running += 1
+        count += len(extra)
+    if not count:
+        return None
+    return ProcessReport(
+        pid=0,
+        memory_mib=min(memory, UNREPORTED_MEMORY_MAX_MIB),
+        allocation=None,
+        slurm_job="",
+        pod="",
+        state="running" if running else "stopped",
+    )
 
 
 def _samples_parse(
@@ -317,8 +378,16 @@ def _samples_parse(
                 add(f"samples[{i}].{name}", f"must be {what}, got {_describe(value)}")
         processes_raw = s.get("processes")
         processes: tuple[ProcessReport, ...] = ()
+        extra: list[Any] = []
         if processes_raw is not None and processes_raw != []:
-            processes = _processes_parse(errors, processes_raw, f"samples[{i}].processes", refused)
+            processes, extra = _processes_parse(
+                errors, processes_raw, f"samples[{i}].processes", refused
+            )
+        unreported = _unreported_parse(
+            errors, s.get("unreported"), f"samples[{i}].unreported", listed=processes, extra=extra
+        )
+        if unreported is not None:
+            processes = (*processes, unreported)
         if not ok:
             continue
         rows.append((gpu, at, util, used, total, power, temperature, energy))  # type: ignore[arg-type]

@@ -10,12 +10,16 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 MAX_GPUS = 256
+# A sample lists at most this many processes one by one; the rest come as one `unreported`
+# aggregate, stored as an observation of pid 0 (parse.py).
 MAX_PROCESSES_PER_SAMPLE = 256
 MAX_DIRECTIVE_RESULTS = 1000
 # Enough to fix a sender; more only makes the response large.
 MAX_ERRORS = 50
 # 16 TiB in MiB: far above any GPU, low enough to catch bytes sent as MiB.
 MEMORY_MAX_MIB = 16 * 1024 * 1024
+# The GPU memory of a GPU's unreported processes, summed: the column's limit.
+UNREPORTED_MEMORY_MAX_MIB = 2**31 - 1
 # No GPU draws 10 kW: a larger reading is milliwatts sent as watts.
 POWER_MAX_W = 10_000.0
 TEMPERATURE_MIN_C, TEMPERATURE_MAX_C = -40.0, 150.0

@@ -3,6 +3,9 @@ processes in each GPU's latest sample); differences become EnforcementActions, w
 directives the node agents carry out.
 
 Rules, per observed process:
+- pid 0, the processes of a GPU its sample did not list (more than 256), running without the
+  allocation and launch token of a listed running process: pause, which the agent carries out
+  as a sweep of that GPU over its own full process list (docs/telemetry-protocol.md);
 - no allocation tag, or a tag naming no allocation: pause;
 - its allocation's window has ended, or it was finished, preempted or revoked: terminate
   (SIGTERM, then SIGKILL after GPUMARKET_PREEMPT_GRACE_SECONDS); unless the allocation is a

@@ -15,6 +15,7 @@ from market.models import Allocation, Bid
 from market.placement.launch import launch_token_valid
 from market.services.launch import placement_text
 from telemetry.models import EnforcementAction, ProcessObservation
+from telemetry.payload.reports import MAX_PROCESSES_PER_SAMPLE
 from tenants.ledger import credits
 from tenants.models import Budget, Tenant
 
@@ -25,6 +26,9 @@ RUN = "run"
 STOPPED = ProcessObservation.State.STOPPED
 RUNNING = ProcessObservation.State.RUNNING
 TERMINATING = "terminating"
+# The observation that stands for the processes a GPU's sample did not list one by one
+# (telemetry/payload/parse.py); a pause of it is the agent's sweep of that GPU.
+UNREPORTED_PID = 0
 
 _EFFECT = {
     Action.PAUSE: STOPPED,
@@ -337,6 +341,14 @@ def _verdict_alone(
     orders: Orders,
     now: datetime,
 ) -> Verdict:
+    if o.pid == UNREPORTED_PID:
+        # The agent's aggregate of the processes it did not list: running means some of them
+        # share no running listed process's allocation and launch token.
+        return Verdict(
+            Action.PAUSE,
+            f"processes beyond the {MAX_PROCESSES_PER_SAMPLE} the agent lists on this GPU run "
+            "without the allocation and launch token of listed, running work; all are paused",
+        )
     if o.allocation_ref is None:
         return Verdict(
             Action.PAUSE,

@@ -53,14 +53,19 @@ def test_a_bad_process_claim_is_dropped_and_named_and_the_batch_is_stored(
     assert node.healthy
 
 
-def test_more_processes_on_a_gpu_than_the_limit_keeps_the_first_and_says_so(client, node_token):
+def test_more_processes_on_a_gpu_than_the_limit_keeps_the_first_and_counts_the_rest(
+    client, node_token
+):
     _, token = node_token
     many = [process(1000 + i) for i in range(MAX_PROCESSES_PER_SAMPLE + 44)]
     response = post(client, token, batch(gpus=1, processes={0: many}))
     assert response.status_code == 200, response.content
     refused = response.json()["refused"]["samples[0].processes"]
     assert any(f"first {MAX_PROCESSES_PER_SAMPLE}" in m for m in refused)
-    assert ProcessObservation.objects.count() == MAX_PROCESSES_PER_SAMPLE
+    listed = ProcessObservation.objects.exclude(pid=0)
+    assert listed.count() == MAX_PROCESSES_PER_SAMPLE
+    # The other 44 are one observation of pid 0 (unreported work), which enforcement sweeps.
+    assert ProcessObservation.objects.get(pid=0).memory_mib == 44 * 2048
 
 
 @pytest.mark.parametrize("shape", [[], {}, ["nvml"]], ids=["list", "object", "list-of-str"])

@@ -7,7 +7,13 @@ from datetime import datetime
 import pytest
 
 from telemetry.agent.loop import AgentLoop, Backoff
-from telemetry.agent.protocol import AGENT_VERSION, GpuInfo, GpuSample
+from telemetry.agent.protocol import (
+    AGENT_VERSION,
+    DirectiveResult,
+    GpuInfo,
+    GpuSample,
+    ProcessSample,
+)
 from telemetry.agent.signal_executor import SignalExecutor
 from telemetry.agent.simulated_backend import SimulatedBackend, spawn_simulated_work
 from telemetry.agent.transport import IngestClient
@@ -437,3 +443,69 @@ def test_a_duplicate_answer_counts_as_delivered(ingest, sim_node):
 
     assert loop.backlog == ()
     assert loop.stats.batches_delivered == 3
+
+
+class CrowdedBackend:
+    """One GPU with 256 decoys, each with a made-up token, and a hidden job: more processes
+    than a sample lists."""
+
+    name = "simulated"
+    uuid = "GPU-SIM-crowded-0"
+
+    def gpus(self):
+        return (GpuInfo(uuid=self.uuid, index=0, name="Simulated GPU", memory_total_mib=81920),)
+
+    def sample(self):
+        decoys = [
+            ProcessSample(10 + i, 1, None, None, None, "running", f"{i:064d}") for i in range(256)
+        ]
+        hidden = ProcessSample(9000, 1, None, None, None, "running", None)
+        return (
+            GpuSample(
+                gpu=self.uuid,
+                at=datetime.now().astimezone(),
+                utilization_pct=100,
+                memory_used_mib=257,
+                memory_total_mib=81920,
+                power_w=300.0,
+                temperature_c=70.0,
+                energy_j=1.0,
+                processes=(*decoys, hidden),
+            ),
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class RecordingExecutor:
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.applied = []
+
+    def apply(self, directive, *, observed):
+        self.applied.append((directive.action, directive.pid, directive.pid in observed))
+        return DirectiveResult(id=directive.id, outcome="done", detail=f"paused {directive.pid}")
+
+    def poll(self):
+        return []
+
+
+def test_a_pause_of_pid_0_pauses_the_gpus_unreported_work_from_the_full_list(ingest):
+    executor = RecordingExecutor()
+    loop = make_loop(ingest.url, "crowded", backend=CrowdedBackend(), executor=executor)
+    loop.tick()
+    [sample] = ingest.delivered[0]["samples"]
+    assert len(sample["processes"]) == 256
+    assert sample["unreported"] == {"count": 1, "memory_mib": 1, "running": 1}
+
+    sweep = {"id": 71, "action": "pause", "gpu": CrowdedBackend.uuid, "pid": 0}
+    ingest.directives.append([sweep])
+    loop.tick()
+    loop.tick()
+
+    assert executor.applied == [("pause", 9000, True)]
+    [result] = ingest.delivered[2]["directive_results"]
+    assert (result["id"], result["outcome"]) == (71, "done")
+    assert "9000" in result["detail"]

@@ -165,3 +165,68 @@ def test_resume_carries_the_slurm_reservation_it_runs_in():
 def test_a_slurm_reservation_that_is_not_a_slurm_name_is_refused(wire):
     with pytest.raises(DirectiveInvalid, match="slurm_reservation"):
         directive_parse({"id": 9, "action": "resume", "slurm_reservation": wire})
+
+
+def _sample_of(processes) -> GpuSample:
+    return GpuSample(
+        gpu="GPU-1",
+        at=datetime.now(UTC),
+        utilization_pct=1,
+        memory_used_mib=1,
+        memory_total_mib=10,
+        power_w=1.0,
+        temperature_c=30.0,
+        energy_j=1.0,
+        processes=tuple(processes),
+    )
+
+
+def _process(pid: int, *, allocation=None, token=None, memory_mib=1, state="running"):
+    from telemetry.agent.protocol import ProcessSample
+
+    return ProcessSample(
+        pid=pid,
+        memory_mib=memory_mib,
+        allocation=allocation,
+        slurm_job=None,
+        pod=None,
+        state=state,
+        launch_token=token,
+    )
+
+
+def test_processes_past_the_limit_are_sent_as_an_unreported_aggregate():
+    """256 cheap decoys must not hide a 257th job: it is counted, and, as no running listed
+    process shares its allocation and token, counted as running work to sweep."""
+    from telemetry.agent.protocol import MAX_PROCESSES_PER_GPU
+
+    decoys = [_process(10 + i, allocation=7, token="d" * 64) for i in range(256)]
+    hidden = _process(9000, memory_mib=8192)
+
+    wire = _sample_of([*decoys, hidden]).to_wire()
+
+    assert len(wire["processes"]) == MAX_PROCESSES_PER_GPU
+    # One process of every (allocation, token) is listed first: the big untagged one too.
+    assert 9000 in [p["pid"] for p in wire["processes"]]
+    assert wire["unreported"] == {"count": 1, "memory_mib": 1, "running": 0}
+
+
+def test_unreported_processes_of_no_running_listed_work_count_as_running():
+    """Decoys each with its own made-up token fill the list: the 257th shares no running
+    listed process's allocation and token, so it counts as running and is the sweep's."""
+    from telemetry.agent.protocol import sweep_targets
+
+    decoys = [_process(10 + i, token=f"{i:064d}") for i in range(256)]
+    stopped = _process(8000, allocation=7, token="t" * 64, state="stopped")
+    hidden = _process(9000)
+
+    sample = _sample_of([*decoys, stopped, hidden])
+    wire = sample.to_wire()
+
+    assert wire["unreported"] == {"count": 2, "memory_mib": 2, "running": 1}
+    assert [p.pid for p in sweep_targets(sample.processes)] == [9000]
+
+
+def test_a_gpu_within_the_limit_has_no_unreported_aggregate():
+    wire = _sample_of([_process(1)]).to_wire()
+    assert "unreported" not in wire
