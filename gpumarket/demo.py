@@ -10,6 +10,7 @@ one process on the second node runs without an allocation, so the enforcement lo
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -40,10 +41,21 @@ BUDGETS = {
     "Language Group": ("day", "hard", 400),
 }
 NODES = (
-    # node name, tier slug, simulated GPUs
+    # node name (before demo_nodes makes it this demo's own), tier slug, simulated GPUs
     ("sim-node-a", "h100-nvlink", 4),
     ("sim-node-b", "a100", 4),
 )
+
+
+def demo_nodes(var: Path) -> tuple[tuple[str, str, int], ...]:
+    """NODES, named for this demo: ``sim-node-a-<6 hex of the var dir>``.
+
+    A simulated agent adopts every process tagged with its node's name, so two demos (or a
+    demo and a test run) on one host that used the same names would pause and terminate each
+    other's work; the var dir is what makes a demo a platform of its own.
+    """
+    platform = hashlib.sha256(str(var.resolve()).encode()).hexdigest()[:6]
+    return tuple((f"{name}-{platform}", tier, gpus) for name, tier, gpus in NODES)
 
 
 RESTARTS = 5  # a child that keeps stopping is left stopped after this many restarts
@@ -162,7 +174,7 @@ def _seed(var: Path) -> dict[str, str]:
     token_file = var / "demo-node-tokens.json"
     saved = json.loads(token_file.read_text()) if token_file.exists() else {}
     tokens = {}
-    for node_name, tier_slug, _gpus in NODES:
+    for node_name, tier_slug, _gpus in demo_nodes(var):
         if Node.objects.filter(name=node_name).exists():
             if node_name not in saved:
                 raise SystemExit(
@@ -356,7 +368,8 @@ def main(argv: list[str]) -> int:
             str(var / "celerybeat-schedule"),
         ],
     )
-    for node_name, _tier, gpus in NODES:
+    nodes = demo_nodes(var)
+    for node_name, _tier, gpus in nodes:
         start(
             f"agent-{node_name}",
             [
@@ -378,7 +391,7 @@ def main(argv: list[str]) -> int:
             {"GPUMARKET_NODE_TOKEN": tokens[node_name]},
         )
     # Work with no allocation behind it: the enforcement loop pauses it within a few ticks.
-    work = [spawn_simulated_work("sim-node-b", 3, duty=0.4)]
+    work = [spawn_simulated_work(nodes[1][0], 3, duty=0.4)]
     stop = threading.Event()
     jobs = Jobs(spawn=spawn_simulated_work)
     if not args.no_jobs:

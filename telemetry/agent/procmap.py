@@ -77,6 +77,8 @@ class ProcessInfo:
     environ: Mapping[str, str] = field(repr=False, default_factory=dict)
     # Set by `gpumarket run`; the server checks it against the allocation the process claims.
     launch_token: str | None = field(repr=False, default=None)
+    # The owner (real uid from /proc/<pid>), None if it could not be read.
+    uid: int | None = None
 
     @property
     def pod_named(self) -> bool:
@@ -200,4 +202,12 @@ def process_describe(pid: int, *, proc: Path = PROC) -> ProcessInfo | None:
         namespace=environ.get(POD_NAMESPACE_ENV) or None,
         environ=environ,
         launch_token=environ.get(LAUNCH_TOKEN_ENV) or None,
+        uid=_owner(pid, proc=proc),
     )
+
+
+def _owner(pid: int, *, proc: Path) -> int | None:
+    try:
+        return (proc / str(pid)).stat().st_uid
+    except OSError:
+        return None

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -228,7 +229,7 @@ class SimulatedBackend:
                 continue
             # Mapped only once known to be on a GPU: the scan above reads every process.
             found.append((self._mapper.apply(info), indices))
-        return found
+        return launch_paths_adopt(found)
 
     def _utilisation_pct(
         self, info: ProcessInfo, *, previous: tuple[float, float] | None, now: float
@@ -271,6 +272,36 @@ class SimulatedBackend:
             energy_j=round(self._meters[gpu.uuid].add(power_w=power_w, at_monotonic=now), 3),
             processes=tuple(process for process, _ in processes),
         )
+
+
+def launch_paths_adopt(
+    found: list[tuple[ProcessInfo, tuple[int, ...]]],
+) -> list[tuple[ProcessInfo, tuple[int, ...]]]:
+    """Report a Slurm job's launch path as the job's work.
+
+    `srun gpumarket run ...` in a batch script leaves the batch shell and `srun` carrying the
+    job's environment (so, here, its simulated GPU) but no launch token, which the work
+    `gpumarket run` replaced itself with has. A process without a token is given the
+    allocation and token of its job's tokened work when it is in the same Slurm job, has the
+    same owner, and claims that allocation or none; a job whose work carries more than one
+    (allocation, token) lends none. NVML never lists such processes; this backend must not
+    either as untokened GPU work, or the owner's own job would be paused for them.
+    """
+    lent: dict[tuple[str, int], set[tuple[int | None, str]]] = {}
+    for info, _ in found:
+        if info.launch_token and info.slurm_job and info.uid is not None:
+            lent.setdefault((info.slurm_job, info.uid), set()).add(
+                (info.allocation, info.launch_token)
+            )
+    adopted = []
+    for info, indices in found:
+        works = lent.get((info.slurm_job or "", info.uid if info.uid is not None else -1), set())
+        if not info.launch_token and len(works) == 1:
+            [(allocation, token)] = works
+            if info.allocation in (None, allocation):
+                info = replace(info, allocation=allocation, launch_token=token)
+        adopted.append((info, indices))
+    return adopted
 
 
 def _index(text: str) -> int:

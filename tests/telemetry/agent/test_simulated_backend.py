@@ -108,3 +108,29 @@ def test_spawned_work_exits_with_its_parent(sim_node, wait_until, process_state,
     parent.wait(timeout=5)
 
     assert wait_until(lambda: process_state(worker_pid) in (None, "Z"), timeout=5)
+
+
+def test_a_jobs_launch_path_is_reported_with_the_token_of_the_work_it_launched(children, sim_node):
+    """`srun gpumarket run ...` in a batch script: the batch shell and srun carry the job's
+    environment but no launch token; they are the job's own, not untokened GPU work."""
+    job = {"SLURM_JOB_ID": "4242"}
+    token = "a" * 64
+    shell = children.add(spawn_simulated_work(sim_node, 0, extra_env=job))
+    srun = children.add(spawn_simulated_work(sim_node, 0, allocation=42, extra_env=job))
+    work = children.add(
+        spawn_simulated_work(
+            sim_node, 0, allocation=42, extra_env={**job, "GPUMARKET_LAUNCH_TOKEN": token}
+        )
+    )
+    other_job = children.add(spawn_simulated_work(sim_node, 0, extra_env={"SLURM_JOB_ID": "7"}))
+    other_claim = children.add(spawn_simulated_work(sim_node, 0, allocation=9, extra_env=job))
+    time.sleep(0.3)
+
+    [sample] = SimulatedBackend(sim_node, gpus=1).sample()
+    seen = {p.pid: (p.allocation, p.launch_token) for p in sample.processes}
+
+    assert seen[work.pid] == (42, token)
+    assert seen[shell.pid] == (42, token)
+    assert seen[srun.pid] == (42, token)
+    assert seen[other_job.pid] == (None, None)  # another job's: still untokened
+    assert seen[other_claim.pid] == (9, None)  # claims another allocation: not the job's path
