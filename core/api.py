@@ -14,6 +14,10 @@ from rest_framework import exceptions, parsers, serializers
 from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 
+# The largest primary key the database holds (BigAutoField). An id past it names no row; left
+# to the database it raised instead of answering "not found".
+MAX_ID = 2**63 - 1
+
 
 class StrictLimitOffsetPagination(LimitOffsetPagination):
     default_limit = 50

@@ -68,6 +68,12 @@ class TierAdmin(admin.ModelAdmin):
         kwargs["form"] = TierForm if obj is not None else TierCreateForm
         return super().get_form(request, obj, **kwargs)
 
+    def get_fields(self, request, obj=None):
+        # A new tier is offered from the start: TierCreateForm has no "active", so the add
+        # page must not lay it out (it answered 500 on every visit).
+        fields = super().get_fields(request, obj)
+        return fields if obj is not None else [f for f in fields if f != "active"]
+
     def has_delete_permission(self, request, obj=None):
         # Tiers are referenced by bids and allocations; take one off offer with "active".
         return False

@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 
 from tenants.ledger import MAX_AMOUNT, MILLI
 from tenants.models import Budget, Campaign, Membership, Tenant
+from tenants.services.tenants import MAX_WEIGHT
 
 _THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")
 _DIGITS = re.compile(r"\d+(\.\d+)?")
@@ -185,5 +186,8 @@ class GrantForm(forms.Form):
 class TenantForm(forms.Form):
     name = forms.CharField(max_length=120)
     weight = forms.IntegerField(
-        min_value=0, initial=1, help_text="Entitlement used by the fairness floor (relative)."
+        min_value=0,
+        max_value=MAX_WEIGHT,
+        initial=1,
+        help_text="Entitlement used by the fairness floor (relative).",
     )

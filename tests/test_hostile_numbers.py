@@ -453,3 +453,15 @@ def test_a_domain_error_from_any_service_a_view_calls_is_shown_never_a_5xx(world
                 elif not shown:
                     failures.append((name, service, error.__name__, "message not shown"))
     assert not failures, "\n".join(map(str, failures))
+
+
+@pytest.mark.parametrize("weight", ["1" + "0" * 29, str(2**31), str(2**63)])
+def test_a_tenant_weight_beyond_the_column_is_an_error_on_the_staff_page(client, weight):
+    from tenants.models import Tenant
+
+    client.force_login(factories.admin_user())
+    before = Tenant.objects.count()
+    response = client.post(reverse("staff_tenants"), {"name": "Huge", "weight": weight})
+    assert response.status_code == 400
+    assert b"errorlist" in response.content
+    assert Tenant.objects.count() == before

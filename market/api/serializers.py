@@ -6,7 +6,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core.api import StrictCharField, StrictFloatField, StrictIntegerField
+from core.api import MAX_ID, StrictCharField, StrictFloatField, StrictIntegerField
 from market.models import Allocation, Bid, Order, PolicyVersion, Round, Tier
 from market.orders import SECONDS_PER_HOUR
 from market.selectors import order_foresight
@@ -166,7 +166,9 @@ _LIMITS_HELP = (
 
 
 class BidCreateSerializer(serializers.Serializer):
-    round = StrictIntegerField(min_value=1, help_text="The id of the round open for bids.")
+    round = StrictIntegerField(
+        min_value=1, max_value=MAX_ID, help_text="The id of the round open for bids."
+    )
     quantity = StrictIntegerField(min_value=1, max_value=MAX_GPUS, help_text="GPUs wanted.")
     min_quantity = StrictIntegerField(
         min_value=0,
@@ -202,7 +204,7 @@ class BidEditSerializer(serializers.Serializer):
 
 class BidFilterSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=Bid.Status.choices, required=False)
-    round = serializers.IntegerField(min_value=1, required=False)
+    round = serializers.IntegerField(min_value=1, max_value=MAX_ID, required=False)
 
 
 class PlacedGpuSerializer(serializers.Serializer):
@@ -268,7 +270,7 @@ class LaunchSerializer(serializers.Serializer):
 
 class AllocationFilterSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=Allocation.Status.choices, required=False)
-    round = serializers.IntegerField(min_value=1, required=False)
+    round = serializers.IntegerField(min_value=1, max_value=MAX_ID, required=False)
 
 
 # Standing orders ---------------------------------------------------------------------------

@@ -68,6 +68,9 @@ class TierViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = TierSerializer
     permission_classes = [permissions.IsAuthenticated]
     lookup_field = "slug"
+    # Only what a slug can hold: anything else (a NUL byte, say) is a 404 from the router, not
+    # a database error.
+    lookup_value_regex = r"[-a-zA-Z0-9_]+"
     pagination_class = Pagination
 
     def get_queryset(self):

@@ -15,6 +15,10 @@ from tenants.errors import TenantError
 from tenants.ledger import tenant_accounts_create
 from tenants.models import Membership, Tenant
 
+# Weights are relative entitlements; a million to one is more spread than any fairness floor
+# needs, and it keeps the column (a 32-bit integer) far from overflowing.
+MAX_WEIGHT = 1_000_000
+
 
 @transaction.atomic
 def tenant_create(
@@ -23,8 +27,8 @@ def tenant_create(
     name = (name or "").strip()
     if not name:
         raise TenantError("a tenant needs a name")
-    if isinstance(weight, bool) or not isinstance(weight, int) or weight < 0:
-        raise TenantError(f"weight must be a whole number >= 0, got {weight!r}")
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= MAX_WEIGHT:
+        raise TenantError(f"weight must be a whole number from 0 to {MAX_WEIGHT}, got {weight!r}")
     slug = slug or slugify(name)
     if not slug:
         raise TenantError(f"cannot make a slug from {name!r}; give one")

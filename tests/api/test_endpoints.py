@@ -436,3 +436,18 @@ def test_bids_are_placed_while_the_rate_limit_cache_is_down(world, settings, cap
     response = post(api, "/api/v1/bids", bid_body(world, quantity=1))
     assert response.status_code == 201, response.content
     assert "rate limit bids not counted" in caplog.text
+
+
+@pytest.mark.parametrize("round_id", [2**63, 2**63 + 1, 10**30])
+def test_a_bid_for_a_round_id_beyond_the_database_integers_is_a_400(world, round_id):
+    before = Bid.objects.count()
+    response = post(world.a.client(), "/api/v1/bids", bid_body(world, round=round_id))
+    assert response.status_code == 400, response.content
+    assert "round" in json.dumps(response.json())
+    assert Bid.objects.count() == before
+
+
+@pytest.mark.parametrize("slug", ["%00", "a%00b", "%ff"])
+def test_a_tier_slug_with_a_nul_or_bad_bytes_is_a_404(world, slug):
+    response = world.a.client().get(f"/api/v1/tiers/{slug}")
+    assert response.status_code == 404

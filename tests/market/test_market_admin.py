@@ -85,3 +85,7 @@ def test_tiers_are_created_and_changed_through_the_services(admin_client):
 def test_rounds_bids_and_allocations_are_read_only(admin_client, market):
     assert admin_client.get(reverse("admin:market_round_add")).status_code == 403
     assert admin_client.get(reverse("admin:market_bid_add")).status_code == 403
+
+
+def test_the_add_tier_page_renders(admin_client):
+    assert admin_client.get(reverse("admin:market_tier_add")).status_code == 200
