@@ -31,14 +31,14 @@ def test_manager_declares_a_campaign_and_an_admin_plans_for_it(page, monkeypatch
     page.fill("#id_name", "CVPR push")
     page.fill("#id_starts_at", start.strftime(LOCAL))
     page.fill("#id_ends_at", (start + timedelta(days=7)).strftime(LOCAL))
-    page.fill("#id_gpu_hours", "1680")
+    page.fill("#id_gpu_hours", "1344")  # 8 GPUs for the week: the tier's capacity
     page.check("input[name=tiers]")
     page.select_option("#id_priority", "3")
     page.click("#planned-campaign-form button[type=submit]")
     page.wait_for_url("**/planning/campaigns/")
     assert "CVPR push" in page.inner_text("#planned-campaigns")
     campaign = PlannedCampaign.objects.get()
-    assert (campaign.tenant, campaign.gpu_hours, campaign.priority) == (history.vision, 1680, 3)
+    assert (campaign.tenant, campaign.gpu_hours, campaign.priority) == (history.vision, 1344, 3)
     shot(page, "50-planned-campaign")
     page.click("form.logout button")
 

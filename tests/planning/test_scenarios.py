@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -66,7 +66,7 @@ def test_a_declared_campaign_raises_demand_and_the_plan_buys_for_it(history):
     start = history.end + timedelta(hours=1)
     planned_campaign_declare(
         tenant=history.vision, actor=history.manager, name="CVPR push", starts_at=start,
-        ends_at=start + timedelta(days=7), gpu_hours=7 * 24 * 10, tiers=["a100"],
+        ends_at=start + timedelta(days=7), gpu_hours=7 * 24 * 8, tiers=["a100"],
         priority=PlannedCampaign.Priority.HIGH, now=history.end,
     )  # fmt: skip
     unchanged = copy.deepcopy(DOCUMENT) | {"changes": []}
@@ -74,7 +74,8 @@ def test_a_declared_campaign_raises_demand_and_the_plan_buys_for_it(history):
     assert done.status == Scenario.Status.DONE, done.error
     assert [c["name"] for c in done.results["campaigns"]] == ["CVPR push"]
     week = done.results["tiers"]["a100"]["weeks_after"][0]
-    assert week["demand_gpu_hours"] > 11 * 24 * 7 * 0.9  # history plus 10 GPUs for the week
+    # History plus 8 GPUs for the week (the most the tier's 8 GPUs can declare).
+    assert week["demand_gpu_hours"] > 9 * 24 * 7 * 0.9
     plan = done.results["recommendation"]
     assert plan["cost"] > 0
     assert {line["kind"] for line in plan["lines"]} == {"reserved"}  # 2/h beats 4/h
@@ -164,3 +165,39 @@ def test_the_plan_command_runs_a_scenario_from_a_file_and_prints_its_results(his
     path.write_text(json.dumps({**DOCUMENT, "horizon_weeks": 0}))
     with pytest.raises(CommandError, match="horizon_weeks"):
         call_command("plan", str(path), stdout=StringIO())
+
+
+def _declare(history, **overrides):
+    start = history.end + timedelta(days=1)
+    terms = dict(
+        tenant=history.vision, actor=history.manager, name="bounds", starts_at=start,
+        ends_at=start + timedelta(days=2), gpu_hours=100, tiers=["a100"], now=history.end,
+    )  # fmt: skip
+    return planned_campaign_declare(**terms | overrides)
+
+
+@pytest.mark.parametrize(
+    ("starts_at", "ends_at", "words"),
+    [
+        (datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, tzinfo=UTC), "planning horizon"),
+        (datetime(1, 1, 1, tzinfo=UTC), None, "planning horizon"),
+        (None, datetime(9999, 12, 31, tzinfo=UTC), "planning horizon"),
+    ],
+)
+def test_a_campaign_outside_the_planning_horizon_is_refused(history, starts_at, ends_at, words):
+    start = starts_at or history.end + timedelta(days=1)
+    end = ends_at or history.end + timedelta(days=3)
+    with pytest.raises(PlanningError, match=words):
+        _declare(history, starts_at=start, ends_at=end)
+    assert not PlannedCampaign.objects.exists()
+
+
+def test_a_campaign_faster_than_its_tiers_capacity_is_refused(history):
+    start = history.end + timedelta(days=1)
+    with pytest.raises(PlanningError, match="capacity"):
+        _declare(history, starts_at=start, ends_at=start + timedelta(microseconds=1),
+                 gpu_hours=10_000_000)  # fmt: skip
+    with pytest.raises(PlanningError, match="capacity"):
+        _declare(history, ends_at=start + timedelta(hours=10), gpu_hours=81)  # 8.1 GPUs on 8
+    assert not PlannedCampaign.objects.exists()
+    assert _declare(history, ends_at=start + timedelta(hours=10), gpu_hours=80).gpu_hours == 80
