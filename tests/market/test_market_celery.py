@@ -279,8 +279,8 @@ def test_a_redis_outage_mid_clearing_settles_the_round_once_without_a_restart(
         pool="prefork",
         options=(),
     )
-    worker.start()
     try:
+        worker.start()  # inside: a worker that never answers is stopped too
         app = Celery(broker=own_redis.url)
         app.send_task("market.round_clear", args=[market.round.pk], queue="clearing")
         app.close()
