@@ -307,7 +307,14 @@ def _alerts_clear_stale(*, budget: Budget, at: datetime) -> int:
         )
         if int(n.dedupe_key.rsplit(":", 1)[1]) > usage.spent_pct
     ]
-    return Notification.objects.filter(pk__in=stale).update(read_at=at)
+    cleared = Notification.objects.filter(pk__in=stale).update(read_at=at)
+    if tenant_hard_capped(tenant=budget.tenant, at=at) is None:
+        # "Work paused" holds only while a hard cap does; the allocations it paused may have
+        # ended since, and then no resume would ever clear it.
+        cleared += Notification.objects.filter(
+            tenant_id=budget.tenant_id, kind="work_paused", read_at__isnull=True
+        ).update(read_at=at)
+    return cleared
 
 
 @transaction.atomic
@@ -344,7 +351,8 @@ def campaign_create(
 def budget_alerts_raise(*, tenant: Tenant, at: datetime | None = None) -> list[Notification]:
     """Store one notification per budget, window and crossed threshold (50/80/100 %).
 
-    Idempotent: the dedupe key makes a second call in the same window a no-op.
+    Spend (or a lowered cap) that crosses several thresholds at once is one alert, for the
+    highest. Idempotent: the dedupe key makes a second call in the same window a no-op.
     """
     at = at or timezone.now()
     created: list[Notification] = []
@@ -354,9 +362,8 @@ def budget_alerts_raise(*, tenant: Tenant, at: datetime | None = None) -> list[N
         .filter(campaign__starts_at__lte=at, campaign__ends_at__gt=at)
     ):
         usage = budget_usage(budget=budget, at=at)
-        for threshold in ALERT_THRESHOLDS:
-            if usage.spent_pct < threshold:
-                break
+        crossed = [t for t in ALERT_THRESHOLDS if usage.spent_pct >= t]
+        for threshold in crossed[-1:]:
             key = _alert_key(budget=budget, window_start=usage.window_start, threshold=threshold)
             with transaction.atomic():
                 notification, made = Notification.objects.get_or_create(

@@ -66,31 +66,50 @@ def work_resumed_notify(*, resumed: list[Allocation], now: datetime) -> None:
 def window_ended_notify(
     *, ended: list[Allocation], grace_seconds: int, suspended: frozenset[int] = frozenset()
 ) -> None:
-    """``suspended``: the allocations whose standing order's work is suspended, not stopped."""
+    """One notice per team and round whose window ended with work still running on some of
+    the team's allocations (a later tick of the same round adds to it, it does not repeat).
 
-    def what(a: Allocation) -> str:
-        if a.pk in suspended:
-            return (
-                f"order {a.bid.order_id}'s work gets the checkpoint signal and is suspended "
-                f"after {grace_seconds} s (not killed); it resumes when the order wins again."
+    A window's end is the normal end of an allocation, not a preemption: the notice says what
+    became of the work. ``suspended``: the allocations whose standing order's work is
+    suspended (checkpoint signal, then stopped with its GPUs released), not killed."""
+    groups: dict[tuple[int, int], list[Allocation]] = {}
+    for allocation in ended:
+        groups.setdefault((allocation.tenant_id, allocation.round_id), []).append(allocation)
+    for (tenant_id, round_id), mine in groups.items():
+        stopped = [a for a in mine if a.pk not in suspended]
+        held = [a for a in mine if a.pk in suspended]
+        parts = []
+        if stopped:
+            parts.append(
+                f"work still running on allocation(s) {_ids(stopped)} was stopped (SIGTERM, "
+                f"then SIGKILL after {grace_seconds} s to checkpoint)."
             )
-        return (
-            f"the work was stopped (SIGTERM, then SIGKILL after {grace_seconds} s to checkpoint)."
+        if held:
+            orders = ", ".join(sorted({str(a.bid.order_id) for a in held}, key=int))
+            parts.append(
+                f"the work of order(s) {orders} on allocation(s) {_ids(held)} gets the "
+                f"checkpoint signal and is suspended after {grace_seconds} s (not killed); it "
+                "resumes when the order wins again."
+            )
+        news = " ".join(p[0].upper() + p[1:] for p in parts)
+        key = f"window-ended:{tenant_id}:{round_id}"
+        existing = Notification.objects.filter(dedupe_key=key).first()
+        if existing is not None:
+            existing.message = f"{existing.message} {news}"[:500]
+            existing.save(update_fields=["message"])
+            continue
+        Notification.objects.bulk_create(
+            [
+                Notification(
+                    tenant_id=tenant_id,
+                    level=Level.INFO,
+                    kind="allocation_ended",
+                    message=(
+                        f"Round {round_id}'s window ended at {mine[0].ends_at:%Y-%m-%d %H:%M} "
+                        f"UTC. {news}"
+                    )[:500],
+                    dedupe_key=key,
+                )
+            ],
+            ignore_conflicts=True,
         )
-
-    Notification.objects.bulk_create(
-        [
-            Notification(
-                tenant_id=a.tenant_id,
-                level=Level.INFO,
-                kind="allocation_ended",
-                message=(
-                    f"Allocation #{a.pk} ended at {a.ends_at:%Y-%m-%d %H:%M} UTC with work "
-                    f"still running; {what(a)}"
-                )[:500],
-                dedupe_key=f"allocation-ended:{a.pk}",
-            )
-            for a in ended
-        ],
-        ignore_conflicts=True,
-    )

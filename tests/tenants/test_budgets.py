@@ -119,19 +119,46 @@ def test_bad_budget_input_is_refused_and_nothing_written(kwargs, fragment):
     assert not Budget.objects.filter(tenant=t).exists()
 
 
-def test_alerts_fire_once_per_threshold_and_window():
+def test_alerts_fire_once_per_threshold_and_window_and_a_jump_is_one_alert():
     t = factories.tenant(credits=100_000)
     budget_set(tenant=t, window="day", mode="soft", cap=10_000, actor=None)
     _spend(t, 8_500)
-    messages = sorted(n.message for n in budget_alerts_raise(tenant=t))
-    assert messages == [
-        "Day budget passed 50% (85% now): spent 8.500 of 10.000",
-        "Day budget passed 80% (85% now): spent 8.500 of 10.000",
-    ]
+    messages = [n.message for n in budget_alerts_raise(tenant=t)]
+    assert messages == ["Day budget passed 80% (85% now): spent 8.500 of 10.000"]
     assert budget_alerts_raise(tenant=t) == []
     _spend(t, 2_000)
     created = budget_alerts_raise(tenant=t)
     assert len(created) == 1 and created[0].level == "critical"
+
+
+def test_lowering_a_cap_below_the_spend_is_one_alert_not_three():
+    from tenants.models import Notification
+
+    t = factories.tenant(credits=100_000)
+    budget_set(tenant=t, window="day", mode="hard", cap=40_000, actor=None)
+    _spend(t, 5_000)
+    assert budget_alerts_raise(tenant=t) == []
+    budget_set(tenant=t, window="day", mode="hard", cap=4_000, actor=None)
+    budget_alerts_raise(tenant=t)
+    (alert,) = Notification.objects.filter(tenant=t, kind="budget")
+    assert alert.message == (
+        "Day budget passed 100% (125% now): spent 5.000 of 4.000 (hard cap: work is paused)"
+    )
+
+
+def test_raising_a_hard_cap_clears_the_work_paused_notice_too():
+    from tenants.models import Notification
+
+    t = factories.tenant(credits=100_000)
+    budget_set(tenant=t, window="day", mode="hard", cap=10_000, actor=None)
+    _spend(t, 10_000)
+    Notification.objects.create(
+        tenant=t, level="warning", kind="work_paused", message="Work paused on allocation(s) #1"
+    )
+    budget_set(tenant=t, window="day", mode="hard", cap=9_000, actor=None)  # still capped
+    assert Notification.objects.filter(kind="work_paused", read_at__isnull=True).exists()
+    budget_set(tenant=t, window="day", mode="hard", cap=40_000, actor=None)
+    assert not Notification.objects.filter(kind="work_paused", read_at__isnull=True).exists()
 
 
 def test_raising_a_hard_cap_clears_its_stale_work_is_paused_alert_and_a_new_crossing_alerts_again():
@@ -155,7 +182,7 @@ def test_raising_a_hard_cap_clears_its_stale_work_is_paused_alert_and_a_new_cros
     ]
 
 
-def test_raising_a_cap_keeps_the_alerts_that_still_hold():
+def test_raising_a_cap_alerts_once_at_the_threshold_that_still_holds():
     from tenants.models import Notification
 
     t = factories.tenant(credits=100_000)
@@ -163,8 +190,8 @@ def test_raising_a_cap_keeps_the_alerts_that_still_hold():
     _spend(t, 10_000)
     budget_alerts_raise(tenant=t)
     budget_set(tenant=t, window="day", mode="soft", cap=12_000, actor=None)  # 83 % now
+    budget_alerts_raise(tenant=t)
     unread = Notification.objects.filter(tenant=t, kind="budget", read_at__isnull=True)
-    assert sorted(n.message.split(" (")[0] for n in unread) == [
-        "Day budget passed 50%",
-        "Day budget passed 80%",
+    assert [n.message for n in unread] == [
+        "Day budget passed 80% (83% now): spent 10.000 of 12.000"
     ]
