@@ -16,6 +16,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from audit.display import in_credits
 from audit.models import AuditEvent
 from audit.selectors import chain_verify, events_filter
 from core.auth import staff_required
@@ -133,6 +134,12 @@ CSV_HEADER = [
 ]
 
 
+def _payload(value: object) -> str:
+    """A before/after payload as JSON with amounts in credits, as the review page shows it
+    (the hash covers the stored milli-credits; "Verify chain" checks those)."""
+    return json.dumps(in_credits(value), sort_keys=True) if value is not None else ""
+
+
 def _csv_rows(events) -> Iterator[list[str]]:
     yield CSV_HEADER
     for e in events.iterator(chunk_size=1000):
@@ -144,8 +151,8 @@ def _csv_rows(events) -> Iterator[list[str]]:
             _cell(e.action),
             _cell(e.object_type),
             _cell(e.object_id),
-            _cell(json.dumps(e.before, sort_keys=True) if e.before is not None else ""),
-            _cell(json.dumps(e.after, sort_keys=True) if e.after is not None else ""),
+            _cell(_payload(e.before)),
+            _cell(_payload(e.after)),
             _cell(e.hash),
         ]
 

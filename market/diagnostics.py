@@ -68,8 +68,8 @@ _ROWS = (
     ("guarantees_unmet", "Teams below their guarantee", str),
     ("envy_violations", "Pairs of teams where one prefers the other's GPUs", str),
     ("expected_revenue", "Revenue (credits)", _credits),
-    ("welfare", "Total value of the awards (milli-credits per hour, bids' limits)", _number),
-    ("rounding_loss", "Value lost rounding to whole GPUs", _number),
+    ("welfare", "Total value of the awards (credits per hour, bids' limits)", _credits),
+    ("rounding_loss", "Value lost rounding to whole GPUs (credits per hour)", _credits),
     ("left_out_by_hard_cap", "Bids left out over a hard cap", lambda v: str(len(v or {}))),
     ("parts", "Cleared in parts", str),
     ("total_seconds", "Clearing time (s)", _number),
@@ -91,4 +91,42 @@ def diagnostics_rows(diagnostics: dict[str, Any] | None) -> list[tuple[str, str]
         if value is not None:
             rows.append((label, show(value)))
     rows += [(key, str(v)) for key, v in sorted(diagnostics.items()) if key not in _SHOWN]
+    return rows
+
+
+def _per_tier(value: Any, show: Any = str) -> str:
+    if not isinstance(value, dict):
+        return str(value)
+    return ", ".join(f"{tier} {show(v)}" for tier, v in sorted(value.items()))
+
+
+def shadow_rows(
+    shadow: dict[str, Any] | None, *, team_names: dict[int, str]
+) -> list[tuple[str, str]]:
+    """A round's shadow outcome as (label, value) rows: money in credits, teams by name
+    (``team_names``: {tenant id: name}; the stored result keys teams by id)."""
+    if not shadow:
+        return []
+    rows = [("Policy", f"v{shadow.get('number')} ({shadow.get('mechanism')})")]
+    if shadow.get("error"):
+        return [*rows, ("Solver error", str(shadow["error"]))]
+    by_team = shadow.get("gpus_by_tenant") or {}
+    rows += [
+        ("Prices (credits per GPU-hour)", _per_tier(shadow.get("prices"), _credits)),
+        ("GPUs allocated", _per_tier(shadow.get("allocated"))),
+        (
+            "GPUs by team",
+            ", ".join(
+                f"{team_names.get(int(pk), f'team {pk}')} {gpus}"
+                for pk, gpus in sorted(by_team.items(), key=lambda kv: -kv[1])
+            )
+            or "none",
+        ),
+        ("Winning teams", str(shadow.get("winners", 0))),
+        ("Revenue (credits)", _credits(shadow.get("revenue", 0))),
+    ]
+    if shadow.get(UTILISATION) is not None:
+        rows.append(("Utilisation", _pct_by_tier(shadow[UTILISATION])))
+    if shadow.get("fairness") is not None:
+        rows.append(("Fairness, Jain's index (1 = equal)", _number(shadow["fairness"])))
     return rows

@@ -18,7 +18,7 @@ from core.auth import staff_required
 from core.charts import figure_html
 from core.errors import DomainError
 from market.charts import round_utilisation
-from market.diagnostics import diagnostics_rows
+from market.diagnostics import diagnostics_rows, shadow_rows
 from market.forms import TierCreateForm, TierForm
 from market.models import Tier
 from market.selectors import (
@@ -31,6 +31,7 @@ from market.selectors import (
 )
 from market.services import tier_create, tier_update
 from market.views import supply_demand_charts
+from tenants.models import Tenant
 
 
 def _tiers_page(request, *, create_form=None, forms_by_pk=None, status=200):
@@ -101,6 +102,11 @@ def staff_rounds(request: HttpRequest) -> HttpResponse:
     return render(request, "market/staff_rounds.html", {"page": page})
 
 
+def _team_names(shadow: dict | None) -> dict[int, str]:
+    ids = [int(pk) for pk in (shadow or {}).get("gpus_by_tenant") or {}]
+    return dict(Tenant.objects.filter(pk__in=ids).values_list("pk", "name"))
+
+
 @require_GET
 @staff_required
 def staff_round_detail(request: HttpRequest, pk: int) -> HttpResponse:
@@ -118,6 +124,7 @@ def staff_round_detail(request: HttpRequest, pk: int) -> HttpResponse:
             )
         )
     charts += supply_demand_charts(rnd)
+    shadow = rnd.shadow_result if isinstance(rnd.shadow_result, dict) else None
     return render(
         request,
         "market/staff_round_detail.html",
@@ -131,5 +138,6 @@ def staff_round_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "diagnostics": diagnostics_rows(
                 rnd.diagnostics if isinstance(rnd.diagnostics, dict) else {}
             ),
+            "shadow": shadow_rows(shadow, team_names=_team_names(shadow)),
         },
     )

@@ -191,7 +191,8 @@ def _preview(*, tenant, rnd: Round, form: BidForm) -> dict | None:
         tenant=tenant, campaign=form.cleaned_data.get("campaign"), at=now
     ):
         usage = budget_usage(budget=budget, at=now)
-        budgets.append({"usage": usage, "after": usage.remaining - escrow})
+        after = usage.remaining - escrow
+        budgets.append({"usage": usage, "after": after, "over": max(-after, 0)})
     balance = balance_get(tenant=tenant)
     warnings = bid_warnings(
         quantity=form.cleaned_data["quantity"],

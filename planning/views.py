@@ -21,6 +21,7 @@ from planning.models import PlannedCampaign, Scenario
 from planning.services.campaigns import planned_campaign_declare, planned_campaign_withdraw
 from planning.services.scenarios import scenario_create
 from tenants.access import require_tenant
+from tenants.models import Tenant
 
 
 def _campaigns_page(request, tenant, *, form=None, status=200):
@@ -152,9 +153,10 @@ def scenario_detail(request: HttpRequest, pk: int) -> HttpResponse:
             (slug, tier, list(zip(tier["weeks_before"], tier["weeks_after"], strict=False)))
             for slug, tier in sorted(results["tiers"].items())
         ]
-        context["teams"] = sorted(
-            set(results.get("spend_before", {})) | set(results.get("spend_after", {}))
-        )
+        slugs = set(results.get("spend_before", {})) | set(results.get("spend_after", {}))
+        names = dict(Tenant.objects.filter(slug__in=slugs).values_list("slug", "name"))
+        # The replay keys spend by slug; people read teams by name.
+        context["teams"] = sorted(((names.get(s, s), s) for s in slugs), key=lambda t: t[0])
     return render(request, "planning/scenario_detail.html", context)
 
 

@@ -103,12 +103,13 @@ def round_settle(*, round_id: int, now: datetime | None = None, wait: bool = Tru
             "reference": f"bid:{bid.pk}",
             "campaign": bid.campaign,
         }
+        won = sum(gpus for _, gpus in awards.get(bid.pk, []))
         if charge_total:
             orders.append(
                 TransferOrder(
                     kind=Transfer.Kind.CHARGE,
                     amount=charge_total,
-                    reason=f"round {rnd.pk}: {bid.pk} won",
+                    reason=f"round {rnd.pk}: bid {bid.pk} won {_gpus(won)}",
                     idempotency_key=f"settle:{rnd.pk}:{bid.pk}:charge",
                     **ledger,
                 )
@@ -250,3 +251,7 @@ def _tenant_notices(rnd: Round, bids: list[Bid]) -> None:
             )
         )
     Notification.objects.bulk_create(notices, ignore_conflicts=True)
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" if n == 1 else f"{n} GPUs"

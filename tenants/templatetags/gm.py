@@ -48,3 +48,20 @@ def get_item(mapping: object, key: object) -> object:
     if not isinstance(mapping, dict):
         return 0
     return mapping.get(key, 0)
+
+
+@register.filter
+def charge_shown(allocation: object) -> str:
+    """An allocation's charge net of what came back: a voided round's revoked allocation
+    costs nothing (its charge was refunded), a cap refund is taken off."""
+    charge = int(getattr(allocation, "charge", 0))
+    if getattr(allocation, "status", "") == "revoked":
+        back = charge
+    else:
+        back = int(getattr(allocation, "cap_refund", 0) or 0)
+    net = credits_format(charge - back)
+    if not back:
+        return net
+    return mark_safe(  # noqa: S308 - two formatted numbers
+        f'{net} <span class="muted">({credits_format(back)} refunded)</span>'
+    )

@@ -95,6 +95,8 @@ def test_a_lone_bid_wins_at_the_reserve_and_the_rest_of_its_escrow_comes_back(ma
         1,
         1,
     )
+    charge = Transfer.objects.get(kind="charge", reference=f"bid:{bid.pk}")
+    assert charge.reason == f"round {rnd.pk}: bid {bid.pk} won 2 GPUs"  # on the Spend page
     _assert_settled_ledger(rnd)
 
 

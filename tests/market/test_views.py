@@ -94,10 +94,28 @@ def test_bid_preview_shows_escrow_and_budget_left_without_placing(client, market
     response = client.post(reverse("bid_preview"), _bid_post(market))
     assert response.status_code == 200
     assert b'data-testid="escrow-preview">6.000<' in response.content
-    assert b"50.000 left" in response.content and b"44.000" in response.content
+    text = " ".join(response.content.decode().split())
+    assert (
+        "Month budget (safe): 50.000 of 50.000 left → <strong>44.000</strong> after this bid."
+        in text
+    )
     full = client.post(reverse("bid_new"), _bid_post(market, preview="1"))
     assert b"escrow-preview" in full.content
     assert Bid.objects.count() == 0
+
+
+def test_bid_preview_of_a_spent_budget_says_nothing_is_left_not_zero(client, market, team):
+    tenant, user = team
+    from tenants.budgets import budget_set
+
+    budget_set(tenant=tenant, window="month", mode="soft", cap=0, actor=None)
+    _login(client, user)
+    text = " ".join(client.post(reverse("bid_preview"), _bid_post(market)).content.decode().split())
+    assert "0.000 left" not in text
+    assert (
+        "Month budget (soft): nothing left of its cap of 0.000 → this bid could pass it by "
+        '<strong class="error">6.000</strong>.' in text
+    )
 
 
 def test_other_tenants_bid_is_404_and_never_listed(client, market, team, rival):
@@ -196,13 +214,18 @@ def test_staff_tier_update_and_inline_error(client, market):
     prefix = f"t{market.a100.pk}"
     data = {
         f"{prefix}-name": "A100",
-        f"{prefix}-capacity": "8",
+        f"{prefix}-capacity": "4",
         f"{prefix}-maintenance_gpus": "1",
         f"{prefix}-active": "on",
     }
     assert client.post(url, data).status_code == 302
     market.a100.refresh_from_db()
-    assert (market.a100.capacity, market.a100.offered) == (8, 7)
+    assert (market.a100.capacity, market.a100.offered) == (4, 3)
+    # The capacity is measured: typing more GPUs than the nodes report is refused.
+    data[f"{prefix}-capacity"] = "8"
+    response = client.post(url, data)
+    assert response.status_code == 400
+    assert b"measured" in response.content
     data[f"{prefix}-capacity"] = "-1"
     response = client.post(url, data)
     assert response.status_code == 400

@@ -88,6 +88,12 @@ def test_a_scenario_page_shows_progress_then_results_and_the_csv(client, history
     scenario_run(scenario_id=scenario.pk)
     done = client.get(made["Location"]).content.decode()
     assert 'http-equiv="refresh"' not in done and "Backtest error" in done
+    scenario.refresh_from_db()
+    scenario.results["spend_before"] = {"vision-lab": 1_500}
+    scenario.save(update_fields=["results"])
+    done = client.get(made["Location"]).content.decode()
+    spend = done.split('id="spend"')[1].split("</table>")[0]
+    assert "<td>Vision Lab</td>" in spend and "vision-lab" not in spend  # names, not slugs
     csv = client.get(reverse("scenario_csv", args=[scenario.pk]))
     assert csv.status_code == 200 and csv["Content-Type"].startswith("text/csv")
     assert csv.content.decode().splitlines()[0] == "tier,option,gpus,gpu_hours,cost_credits"

@@ -37,3 +37,24 @@ def test_a_round_whose_window_ended_is_one_notice_per_team_not_one_per_allocatio
     later = allocation_make(tenant=team, tier=tier, starts_at=now, ends_at=now + timedelta(hours=1))
     window_ended_notify(ended=[later], grace_seconds=30)
     assert Notification.objects.filter(tenant=team).count() == 2
+
+
+def test_a_revoked_allocation_shows_no_charge_but_the_refund(tier, client):
+    team = factories.tenant()
+    now = timezone.now()
+    revoked = allocation_make(
+        tenant=team,
+        tier=tier,
+        gpus=3,
+        starts_at=now - timedelta(hours=2),
+        ends_at=now - timedelta(hours=1),
+        status="revoked",
+    )
+    client.force_login(factories.member(tenant=team))
+    listing = client.get("/fleet/allocations/").content.decode()
+    assert '<td>0.000 <span class="muted">(3.000 refunded)</span></td>' in listing
+    detail = client.get(f"/fleet/allocations/{revoked.pk}/").content.decode()
+    assert "charge 0.000 (3.000 refunded: the round was voided)" in detail
+    client.force_login(factories.admin_user())
+    staff = client.get(f"/market/admin/rounds/{revoked.round_id}/").content.decode()
+    assert '<td>0.000 <span class="muted">(3.000 refunded)</span></td>' in staff
