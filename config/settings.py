@@ -351,6 +351,10 @@ CELERY_BEAT_SCHEDULE = {
     },
     "nodes-health": {"task": "telemetry.nodes_health", "schedule": 30.0},
     "samples-rollup": {"task": "telemetry.samples_rollup", "schedule": 60.0},
+    "idle-reclaim": {
+        "task": "telemetry.idle_reclaim",
+        "schedule": float(os.environ.get("GPUMARKET_IDLE_RECLAIM_SECONDS", "60")),
+    },
     "audit-checkpoint": {
         "task": "audit.checkpoint",
         "schedule": float(os.environ.get("GPUMARKET_AUDIT_CHECKPOINT_SECONDS", "60")),

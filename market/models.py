@@ -394,3 +394,52 @@ class Allocation(models.Model):
 
     def __str__(self) -> str:
         return f"allocation {self.pk}: {self.gpus}x {self.tier.slug} for {self.tenant_id}"
+
+
+class Reclaim(models.Model):
+    """A won GPU its team left idle (market/services/reclaim.py): noticed, then, after the
+    tier's grace, reclaimed for the rest of the window, its unused time refunded at the
+    policy's rate, and offered to backfill."""
+
+    class Status(models.TextChoices):
+        NOTICED = "noticed", "Noticed idle"
+        RECLAIMED = "reclaimed", "Reclaimed"
+        # Work came back (or the GPU became ineligible) before the grace ran out.
+        WITHDRAWN = "withdrawn", "Withdrawn"
+
+    OPEN = (Status.NOTICED, Status.RECLAIMED)
+
+    allocation = models.ForeignKey(Allocation, on_delete=models.PROTECT, related_name="reclaims")
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="+")
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="+")
+    # The GPU, as in the allocation's placement.
+    gpu_uuid = models.CharField(max_length=100)
+    node = models.CharField(max_length=120)
+    gpu_index = models.PositiveSmallIntegerField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.NOTICED)
+    # Idle (utilisation below the tier's threshold) since then, as telemetry saw it.
+    idle_since = models.DateTimeField()
+    noticed_at = models.DateTimeField()
+    # Reclaimed no earlier than this, if still idle: noticed_at + the tier's grace.
+    reclaim_after = models.DateTimeField()
+    reclaimed_at = models.DateTimeField(null=True, blank=True)
+    # Milli-credits refunded (one ledger transfer, key ``reclaim:<id>``).
+    refund = models.BigIntegerField(default=0)
+    reason = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-noticed_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["allocation", "gpu_uuid"],
+                condition=Q(status__in=["noticed", "reclaimed"]),
+                name="reclaim_one_open_per_gpu",
+            ),
+            models.CheckConstraint(condition=Q(refund__gte=0), name="reclaim_refund_not_negative"),
+        ]
+        indexes = [models.Index(fields=["status", "reclaim_after"])]
+
+    def __str__(self) -> str:
+        return (
+            f"reclaim {self.pk}: {self.gpu_uuid} of allocation {self.allocation_id} ({self.status})"
+        )

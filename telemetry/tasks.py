@@ -6,6 +6,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from telemetry import services
+from telemetry.services.idle import idle_reclaim_scan
 
 
 @shared_task(name="telemetry.enforce")
@@ -27,3 +28,14 @@ def nodes_health() -> int:
 def samples_rollup() -> dict[str, int]:
     result = services.samples_rollup()
     return {"minutes": result.minutes, "samples_purged": result.samples_purged}
+
+
+@shared_task(name="telemetry.idle_reclaim")
+def idle_reclaim() -> dict[str, int]:
+    """Beat, every minute: notice idle won GPUs, reclaim the ones still idle after the grace."""
+    report = idle_reclaim_scan()
+    return {
+        "noticed": len(report.noticed),
+        "reclaimed": len(report.reclaimed),
+        "withdrawn": len(report.withdrawn),
+    }

@@ -57,6 +57,56 @@ def _per_tier(value: Any, *, field: str, minimum: int, maximum: int) -> dict[str
     }
 
 
+# params["idle_reclaim"]: {tier slug: {setting: whole number}} (market/services/reclaim.py).
+IDLE_RECLAIM = "idle_reclaim"
+# params the platform reads itself, never the clearing mechanism's (which refuses a key it
+# does not know): every caller of the clearing leaves them out.
+PLATFORM_PARAMS = (IDLE_RECLAIM,)
+IDLE_RECLAIM_SETTINGS = {
+    # A GPU is idle while its utilisation stays below this percentage...
+    "below_pct": (1, 100),
+    # ...for this many minutes; then its team is told,
+    "idle_minutes": (1, 24 * 60),
+    # and after this many more minutes still idle it is reclaimed,
+    "grace_minutes": (0, 24 * 60),
+    # its unused time refunded at this percentage of the price it paid.
+    "refund_pct": (0, 100),
+}
+
+
+def idle_reclaim_validate(value: Any) -> dict[str, dict[str, int]]:
+    """The cleaned idle-reclaim policy; MarketError names the tier and setting at fault."""
+    field = f"params.{IDLE_RECLAIM}"
+    example = '{"a100": {"below_pct": 5, "idle_minutes": 15, "grace_minutes": 5, "refund_pct": 50}}'
+    if not isinstance(value, dict):
+        raise MarketError(f"{field} must map tier slugs to settings, e.g. {example}; got {value!r}")
+    known = _tier_slugs()
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise MarketError(
+            f"{field} names unknown tier(s) {', '.join(unknown)}; known tiers: "
+            f"{', '.join(sorted(known)) or 'none yet'}"
+        )
+    clean = {}
+    for slug, settings in sorted(value.items()):
+        if not isinstance(settings, dict):
+            raise MarketError(f"{field}[{slug}] must be a mapping like {example}; got {settings!r}")
+        fields_known(
+            settings,
+            known=tuple(IDLE_RECLAIM_SETTINGS),
+            message=f"cannot set {{unknown}} in {field}[{slug}]; settable: {{known}}",
+            error=MarketError,
+        )
+        missing = sorted(set(IDLE_RECLAIM_SETTINGS) - set(settings))
+        if missing:
+            raise MarketError(f"{field}[{slug}] needs {', '.join(missing)}, e.g. {example}")
+        clean[slug] = {
+            key: whole(settings[key], field=f"{field}[{slug}].{key}", minimum=low, maximum=high)
+            for key, (low, high) in IDLE_RECLAIM_SETTINGS.items()
+        }
+    return clean
+
+
 def policy_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
     """The cleaned changes for a new version; MarketError names the first bad one (forms call
     this in ``clean`` so an admin sees the message next to the form)."""
@@ -79,6 +129,8 @@ def policy_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
         elif name in ("params", "guardrails"):
             if not isinstance(value, dict):
                 raise MarketError(f"{name} must be a mapping, got {value!r}")
+            if name == "params" and IDLE_RECLAIM in value:
+                value = value | {IDLE_RECLAIM: idle_reclaim_validate(value[IDLE_RECLAIM])}
         elif name == "note":
             value = str(value or "").strip()[:300]
         clean[name] = value

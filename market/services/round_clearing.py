@@ -28,6 +28,7 @@ from market.services._common import cost_floor, now_or, round_locked
 from market.services.bids import window_seconds
 from market.services.partitioned import clear_in_parts, partition_parts
 from market.services.placement import placement_misfits
+from market.services.policy import PLATFORM_PARAMS
 from market.services.rounds import _close_locked
 from market.services.void import round_fail
 from tenants.budgets import hard_cap_admit
@@ -189,7 +190,7 @@ def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
             prices=dict(zip(data.tier_slugs, (int(r) for r in reserves), strict=True)),
             diagnostics={"status": "no bids", "mechanism": policy.mechanism},
         )
-    params = dict(policy.params or {})
+    params = {k: v for k, v in (policy.params or {}).items() if k not in PLATFORM_PARAMS}
     quotas = _quotas(params.pop(QUOTAS_PARAM, None), data=data)
     start = time.perf_counter()
     arrays = _arrays(data=data, policy=policy, reserves=reserves)

@@ -27,6 +27,7 @@ from market.forecast import rounds_per_day
 from market.forecast_selectors import tier_demand_history
 from market.models import Bid, BidLimit, PolicyVersion, Tier
 from market.selectors import policy_active_get
+from market.services.policy import PLATFORM_PARAMS
 from planning.demand import CampaignLoad, TierDemand, backtest, tier_demand
 from planning.errors import PlanningError
 from planning.models import PlannedCampaign, Scenario
@@ -226,7 +227,15 @@ def scenario_results(doc: ScenarioDoc, *, now: datetime, progress=None) -> dict:
     policy = policy_active_get()
     round_minutes = policy.round_minutes if policy else 60
     mechanism = policy.mechanism if policy else "welfare"
-    params = {k: v for k, v in (policy.params or {}).items() if k != "quotas"} if policy else {}
+    params = (
+        {
+            k: v
+            for k, v in (policy.params or {}).items()
+            if k != "quotas" and k not in PLATFORM_PARAMS
+        }
+        if policy
+        else {}
+    )
     step = timedelta(minutes=round_minutes)
     season = rounds_per_day(round_minutes)
     rounds_per_week = 7 * season

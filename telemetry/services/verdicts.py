@@ -14,6 +14,7 @@ from django.conf import settings
 from market.models import Allocation, Bid
 from market.placement.launch import launch_token_valid
 from market.services.launch import placement_text
+from market.services.reclaim import reclaimed_gpus
 from telemetry.models import EnforcementAction, ProcessObservation
 from telemetry.payload.reports import MAX_PROCESSES_PER_SAMPLE
 from tenants.ledger import credits
@@ -141,7 +142,8 @@ def verdicts(
         )
     }
     orders = _orders(allocations.values(), now=now)
-    placed_for = _gpus_placed_now(now)
+    reclaimed = reclaimed_gpus(now=now)
+    placed_for = _gpus_placed_now(now, reclaimed=reclaimed)
     verdicts: dict[int, Verdict] = {}
     # allocation id -> gpu id -> observations allowed so far (before the GPU-count rule)
     candidates: dict[int, dict[int, list[ProcessObservation]]] = defaultdict(
@@ -153,6 +155,8 @@ def verdicts(
         )
         if verdict.want == RUN:
             verdict = _verdict_placed(o, verdict, placed_for)
+        if verdict.want == RUN:
+            verdict = _verdict_reclaimed(o, verdict, reclaimed)
         verdicts[o.pk] = verdict
         if verdict.want == RUN:
             assert verdict.allocation is not None
@@ -270,8 +274,29 @@ def _order_ended_verdict(
     )
 
 
-def _gpus_placed_now(now: datetime) -> dict[str, int]:
-    """{GPU uuid: allocation id} of the live allocations placed on GPUs now."""
+def _verdict_reclaimed(
+    o: ProcessObservation, verdict: Verdict, reclaimed: dict[str, int]
+) -> Verdict:
+    """Work of an allocation on a GPU reclaimed from it (idle, refunded) is paused: the GPU is
+    the platform's until the window ends (market/services/reclaim.py)."""
+    allocation = verdict.allocation
+    assert allocation is not None
+    if reclaimed.get(o.gpu.uuid) != allocation.pk:
+        return verdict
+    return Verdict(
+        Action.PAUSE,
+        f"GPU {o.node.name}/{o.gpu.index} was reclaimed from allocation {allocation.pk} after "
+        "it stayed idle (its unused time was refunded); it is not the allocation's until the "
+        "window ends",
+        allocation,
+        allocation.tenant,
+    )
+
+
+def _gpus_placed_now(now: datetime, *, reclaimed: dict[str, int] | None = None) -> dict[str, int]:
+    """{GPU uuid: allocation id} of the live allocations placed on GPUs now, less the GPUs
+    reclaimed from them."""
+    reclaimed = reclaimed or {}
     rows = (
         Allocation.objects.filter(
             status__in=(Allocation.Status.ACTIVE, Allocation.Status.PAUSED),
@@ -281,7 +306,12 @@ def _gpus_placed_now(now: datetime) -> dict[str, int]:
         .exclude(placement=[])
         .values_list("pk", "placement")
     )
-    return {gpu["uuid"]: pk for pk, placement in rows for gpu in placement}
+    return {
+        gpu["uuid"]: pk
+        for pk, placement in rows
+        for gpu in placement
+        if reclaimed.get(gpu["uuid"]) != pk
+    }
 
 
 def _verdict_placed(o: ProcessObservation, verdict: Verdict, placed_for: dict[str, int]) -> Verdict:
