@@ -69,8 +69,21 @@ class Gpu(models.Model):
     pcie_switch = models.CharField(max_length=64, blank=True)
     # Reported in the latest batch of a healthy node.
     healthy = models.BooleanField(default=True)
-    # Set by an admin: out of the tier's capacity while true.
+    # Out of the tier's capacity while true: set by an admin, or by telemetry when the GPU
+    # reports a fatal error (``failure`` then says which).
     maintenance = models.BooleanField(default=False)
+    # Why telemetry took the GPU out (an XID error, uncorrectable ECC errors, lost from the
+    # bus) and the sample time it first showed; "" and null while it has not failed. An admin
+    # clears both by taking the GPU out of maintenance.
+    failure = models.CharField(max_length=300, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
+    # What NVML reported in the GPU's latest health reading: throttle reasons in force
+    # (e.g. ["thermal", "power"]; not a failure), the last XID error code, and the
+    # uncorrectable ECC error counts since the driver loaded (volatile) and ever (aggregate).
+    throttle_reasons = models.JSONField(default=list, blank=True)
+    xid_last = models.PositiveIntegerField(null=True, blank=True)
+    ecc_volatile_uncorrected = models.PositiveBigIntegerField(default=0)
+    ecc_aggregate_uncorrected = models.PositiveBigIntegerField(default=0)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     # Sample time of the process list kept in ProcessObservation, so a late batch from an
     # agent's backlog never replaces a newer view of what runs on the GPU.

@@ -34,7 +34,7 @@ def tier_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
     if "name" in clean and not clean["name"]:
         raise MarketError("a tier needs a name")
     # Set together (the staff forms send both): GPUs in maintenance come out of the capacity.
-    # Telemetry sets the capacity alone, as the GPUs it sees healthy, and is not refused.
+    # Telemetry sets the capacity alone, as the GPUs it measures, and is not refused.
     if clean.get("maintenance_gpus", 0) > clean.get("capacity", clean.get("maintenance_gpus", 0)):
         raise MarketError(
             f"maintenance_gpus: {clean['maintenance_gpus']} GPUs in maintenance is more than the "
@@ -86,12 +86,27 @@ def tier_create(
 
 @transaction.atomic
 def tier_update(*, tier: Tier, actor: AbstractBaseUser | str | None, **changes: Any) -> Tier:
-    """Change a tier's name, model, capacity, maintenance GPUs, preemptible or active flag.
+    """Change a tier's name, model, maintenance GPUs, preemptible or active flag, or lower its
+    capacity.
 
-    A change applies to rounds cleared after it (capacity is read when a round clears).
+    A change applies to rounds cleared after it (capacity is read when a round clears). The
+    capacity is measured (``tier_capacity_set``): an admin may lower what a tier offers, with
+    ``maintenance_gpus``, never raise it above the GPUs healthy nodes report.
     """
     clean = tier_changes_validate(changes)
+    return _tier_change(tier=tier, actor=actor, clean=clean, measured=False)
+
+
+def _tier_change(
+    *, tier: Tier, actor: AbstractBaseUser | str | None, clean: dict[str, Any], measured: bool
+) -> Tier:
     locked = Tier.objects.select_for_update().get(pk=tier.pk)
+    if not measured and clean.get("capacity", locked.capacity) > locked.capacity:
+        raise MarketError(
+            f"capacity: a tier's capacity is measured from the healthy GPUs its nodes report "
+            f"({locked.capacity} now) and cannot be raised by hand; register a node, or lower "
+            f"what the tier offers with maintenance_gpus"
+        )
     before = _snapshot(locked)
     changed = [name for name, value in clean.items() if getattr(locked, name) != value]
     if not changed:
@@ -107,9 +122,12 @@ def tier_update(*, tier: Tier, actor: AbstractBaseUser | str | None, **changes: 
     return locked
 
 
+@transaction.atomic
 def tier_capacity_set(
     *, tier: Tier, capacity: int, actor: AbstractBaseUser | str | None = "telemetry"
 ) -> Tier:
-    """Set the healthy capacity (telemetry calls this on every health pass; unchanged = no write,
-    so the audit log records changes only)."""
-    return tier_update(tier=tier, actor=actor, capacity=capacity)
+    """Set the measured capacity: the tier's GPUs on healthy nodes, not in maintenance, less
+    those held by running work of longer windows (telemetry calls this on every health pass;
+    unchanged = no write, so the audit log records changes only). The only way up."""
+    clean = tier_changes_validate({"capacity": capacity})
+    return _tier_change(tier=tier, actor=actor, clean=clean, measured=True)

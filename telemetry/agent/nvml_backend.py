@@ -19,12 +19,23 @@ from telemetry.agent.energy import EnergyMeter
 from telemetry.agent.errors import BackendUnavailable
 from telemetry.agent.mapping import ENV_ONLY, AllocationMapper
 from telemetry.agent.procmap import PROC, process_describe
-from telemetry.agent.protocol import GpuInfo, GpuSample, ProcessSample, utcnow
+from telemetry.agent.protocol import GpuHealth, GpuInfo, GpuSample, ProcessSample, utcnow
 from telemetry.agent.topology import nvml_topology
 
 logger = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
+# nvmlClocksThrottleReason* bits that say something about the GPU's health, by the names the
+# protocol uses (idle, application-clock and sync-boost reasons are left out).
+THROTTLE_BITS = {
+    0x4: "power",  # SwPowerCap
+    0x8: "hw_slowdown",  # HwSlowdown
+    0x20: "thermal",  # SwThermalSlowdown
+    0x40: "hw_thermal",  # HwThermalSlowdown
+    0x80: "hw_power_brake",  # HwPowerBrakeSlowdown
+}
+XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC, AGGREGATE_ECC = 1, 0, 1
 
 
 def _text(value: str | bytes) -> str:
@@ -83,15 +94,21 @@ class NvmlBackend:
         self._meters = {gpu.uuid: EnergyMeter() for gpu in self._gpus}
         self._no_energy_counter: set[str] = set()
         self._no_power_sensor: set[str] = set()
+        self._no_ecc: set[str] = set()
+        self._events = self._xid_events_register()
 
     def gpus(self) -> tuple[GpuInfo, ...]:
         return self._gpus
 
     def sample(self) -> tuple[GpuSample, ...]:
         samples = []
+        xids = self._xids_drain()
         for gpu, handle in zip(self._gpus, self._handles, strict=True):
             try:
-                samples.append(self._sample_one(gpu, handle))
+                samples.append(self._sample_one(gpu, handle, xid=tuple(xids.get(gpu.uuid, ()))))
+            except pynvml.NVMLError_GpuIsLost:
+                logger.error("GPU %s (%s) is lost: it fell off the bus", gpu.index, gpu.uuid)
+                samples.append(self._lost(gpu))
             except pynvml.NVMLError as exc:
                 # One failing GPU (fallen off the bus, reset in progress) must not hide
                 # the others; the server sees the gap in that GPU's samples.
@@ -104,7 +121,75 @@ class NvmlBackend:
         except pynvml.NVMLError:
             logger.exception("NVML shutdown failed")
 
-    def _sample_one(self, gpu: GpuInfo, handle: Any) -> GpuSample:
+    def _xid_events_register(self) -> Any:
+        """An NVML event set that collects XID errors of every GPU (None where the driver
+        cannot: then no XID is reported)."""
+        try:
+            events = pynvml.nvmlEventSetCreate()
+            for handle in self._handles:
+                pynvml.nvmlDeviceRegisterEvents(handle, XID_EVENT, events)
+        except pynvml.NVMLError as exc:
+            logger.warning("NVML cannot report XID errors on this host: %s", exc)
+            return None
+        return events
+
+    def _xids_drain(self) -> dict[str, list[int]]:
+        """{GPU uuid: XID codes} of the events since the previous sample, without waiting."""
+        found: dict[str, list[int]] = {}
+        if self._events is None:
+            return found
+        while True:
+            try:
+                data = pynvml.nvmlEventSetWait_v2(self._events, 0)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(data.device))
+            except pynvml.NVMLError:  # a timeout: no more events
+                return found
+            found.setdefault(uuid, []).append(int(data.eventData))
+
+    def _health(self, gpu: GpuInfo, handle: Any, *, xid: tuple[int, ...]) -> GpuHealth:
+        """ECC counts and throttle reasons; a reading the GPU does not support counts as
+        none (consumer GPUs have no ECC)."""
+        volatile = aggregate = 0
+        if gpu.uuid not in self._no_ecc:
+            try:
+                volatile = int(
+                    pynvml.nvmlDeviceGetTotalEccErrors(
+                        handle, MEMORY_ERROR_UNCORRECTED, VOLATILE_ECC
+                    )
+                )
+                aggregate = int(
+                    pynvml.nvmlDeviceGetTotalEccErrors(
+                        handle, MEMORY_ERROR_UNCORRECTED, AGGREGATE_ECC
+                    )
+                )
+            except pynvml.NVMLError:
+                self._no_ecc.add(gpu.uuid)
+        try:
+            reasons = int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+        except pynvml.NVMLError:
+            reasons = 0
+        return GpuHealth(
+            xid=xid,
+            ecc_volatile_uncorrected=volatile,
+            ecc_aggregate_uncorrected=aggregate,
+            throttle=tuple(name for bit, name in THROTTLE_BITS.items() if reasons & bit),
+        )
+
+    def _lost(self, gpu: GpuInfo) -> GpuSample:
+        """The sample of a GPU NVML can no longer reach: no readings, only that it is lost."""
+        return GpuSample(
+            gpu=gpu.uuid,
+            at=self._wall(),
+            utilization_pct=0,
+            memory_used_mib=0,
+            memory_total_mib=max(gpu.memory_total_mib, 1),
+            power_w=0.0,
+            temperature_c=0.0,
+            energy_j=0.0,
+            health=GpuHealth(lost=True),
+        )
+
+    def _sample_one(self, gpu: GpuInfo, handle: Any, *, xid: tuple[int, ...] = ()) -> GpuSample:
         now = self._clock()
         utilisation = pynvml.nvmlDeviceGetUtilizationRates(handle)
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
@@ -122,6 +207,7 @@ class NvmlBackend:
             temperature_c=float(temperature),
             energy_j=energy_j,
             processes=tuple(self._process(entry) for entry in processes),
+            health=self._health(gpu, handle, xid=xid),
         )
 
     def _power_w(self, gpu: GpuInfo, handle: Any) -> float:

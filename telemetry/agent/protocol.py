@@ -161,6 +161,34 @@ class ProcessSample:
         }
 
 
+# Throttle reasons the agent reports (the server's list, telemetry/payload/reports.py).
+THROTTLE_REASONS: frozenset[str] = frozenset(
+    {"thermal", "power", "hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """What NVML says about a GPU's health: XID errors since the previous sample,
+    uncorrectable ECC error counts (since the driver loaded; ever), the throttle reasons in
+    force, and whether the GPU is lost (fallen off the bus)."""
+
+    xid: tuple[int, ...] = ()
+    ecc_volatile_uncorrected: int = 0
+    ecc_aggregate_uncorrected: int = 0
+    throttle: tuple[str, ...] = ()
+    lost: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "xid": list(self.xid),
+            "ecc_volatile_uncorrected": self.ecc_volatile_uncorrected,
+            "ecc_aggregate_uncorrected": self.ecc_aggregate_uncorrected,
+            "throttle": sorted(self.throttle),
+            "lost": self.lost,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class GpuSample:
     """One reading of one GPU.
@@ -178,6 +206,7 @@ class GpuSample:
     temperature_c: float
     energy_j: float
     processes: tuple[ProcessSample, ...] = ()
+    health: GpuHealth | None = None
 
     def to_wire(self) -> dict[str, Any]:
         listed, unreported = processes_split(self.processes)
@@ -192,6 +221,8 @@ class GpuSample:
             "energy_j": self.energy_j,
             "processes": [process.to_wire() for process in listed],
         }
+        if self.health is not None:
+            wire["health"] = self.health.to_wire()
         if unreported:
             wire["unreported"] = {
                 "count": len(unreported),

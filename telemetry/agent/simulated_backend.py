@@ -11,6 +11,7 @@ enforcement happening rather than a scripted curve.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -33,7 +34,7 @@ from telemetry.agent.procmap import (
     process_describe,
     uptime_read,
 )
-from telemetry.agent.protocol import GpuInfo, GpuSample, ProcessSample, utcnow
+from telemetry.agent.protocol import GpuHealth, GpuInfo, GpuSample, ProcessSample, utcnow
 from telemetry.agent.topology import simulated_topology
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,13 @@ SIM_GPU_ENV = "GPUMARKET_SIM_GPU"
 SIM_MEM_ENV = "GPUMARKET_SIM_MEM_MIB"
 SIM_DUTY_ENV = "GPUMARKET_SIM_DUTY"
 CUDA_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+# A JSON file {"<GPU index>": "<fault>"} the simulated backend reads before every sample, so
+# a running demo node can be made to fail (docs/capacity.md "Failures").
+SIM_FAULTS_ENV = "GPUMARKET_SIM_FAULTS"
+# What a simulated GPU can be made to report: an XID error (once), an uncorrectable ECC
+# error, thermal or power throttling, or lost from the bus; "clear" ends the sticky ones.
+FAULTS = ("xid", "ecc", "thermal", "power", "lost", "clear")
+SIMULATED_XID = 48  # a double-bit ECC error: fatal
 
 DEFAULT_MEM_MIB = 4096
 SIMULATED_GPU_NAME = "Simulated GPU (simulated)"
@@ -149,9 +157,15 @@ class SimulatedBackend:
         wall: Callable[[], datetime] = utcnow,
         proc: Path = PROC,
         mapper: AllocationMapper = ENV_ONLY,
+        faults_path: Path | None = None,
     ) -> None:
         if gpus < 1:
             raise ValueError("a simulated node needs at least one GPU")
+        env_faults = os.environ.get(SIM_FAULTS_ENV)
+        self._faults_path = faults_path or (Path(env_faults) if env_faults else None)
+        self._faults_read: dict[str, str] = {}
+        # index -> health now: sticky faults stay until cleared; an XID is reported once.
+        self._health: dict[int, GpuHealth] = {}
         self._node = node_name
         self._memory_total_mib = memory_total_mib
         self._idle_power_w = idle_power_w
@@ -183,7 +197,60 @@ class SimulatedBackend:
     def close(self) -> None:
         self._cpu_seen.clear()
 
+    def fault_inject(self, index: int, kind: str) -> None:
+        """Make simulated GPU ``index`` report ``kind`` (one of FAULTS) from its next sample."""
+        if kind not in FAULTS:
+            raise ValueError(f"unknown fault {kind!r}; one of {', '.join(FAULTS)}")
+        if not 0 <= index < len(self._gpus):
+            raise ValueError(f"node {self._node} has no simulated GPU {index}")
+        health = self._health.get(index, GpuHealth())
+        if kind == "clear":
+            self._health.pop(index, None)
+            return
+        if kind == "xid":
+            health = replace(health, xid=(*health.xid, SIMULATED_XID))
+        elif kind == "ecc":
+            health = replace(
+                health,
+                ecc_volatile_uncorrected=health.ecc_volatile_uncorrected + 1,
+                ecc_aggregate_uncorrected=health.ecc_aggregate_uncorrected + 1,
+            )
+        elif kind == "lost":
+            health = replace(health, lost=True)
+        else:
+            health = replace(health, throttle=tuple(sorted({*health.throttle, kind})))
+        self._health[index] = health
+
+    def _faults_load(self) -> None:
+        """Apply the faults file's entries that changed since the previous sample."""
+        if self._faults_path is None:
+            return
+        try:
+            wanted = json.loads(self._faults_path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            logger.warning("cannot read simulated faults from %s: %s", self._faults_path, exc)
+            return
+        if not isinstance(wanted, dict):
+            return
+        for key, kind in wanted.items():
+            if self._faults_read.get(key) == kind:
+                continue
+            try:
+                self.fault_inject(_index(str(key)), str(kind))
+            except ValueError as exc:
+                logger.warning("simulated fault %s=%r ignored: %s", key, kind, exc)
+            self._faults_read[key] = kind
+
+    def _health_take(self, index: int) -> GpuHealth:
+        health = self._health.get(index, GpuHealth())
+        if health.xid:
+            self._health[index] = replace(health, xid=())
+        return health
+
     def sample(self) -> tuple[GpuSample, ...]:
+        self._faults_load()
         now = self._clock()
         at = self._wall()
         per_gpu: dict[int, list[tuple[ProcessSample, float]]] = {g.index: [] for g in self._gpus}
@@ -271,6 +338,7 @@ class SimulatedBackend:
             temperature_c=round(32.0 + 0.5 * utilisation, 1),
             energy_j=round(self._meters[gpu.uuid].add(power_w=power_w, at_monotonic=now), 3),
             processes=tuple(process for process, _ in processes),
+            health=self._health_take(gpu.index),
         )
 
 

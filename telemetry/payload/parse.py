@@ -18,11 +18,13 @@ from telemetry.errors import TelemetryError
 from telemetry.payload.reports import (
     ALLOCATION_MAX,
     BACKENDS,
+    ECC_MAX,
     ENERGY_MAX_J,
     MAX_DIRECTIVE_RESULTS,
     MAX_ERRORS,
     MAX_GPUS,
     MAX_PROCESSES_PER_SAMPLE,
+    MAX_XIDS,
     MEMORY_MAX_MIB,
     OUTCOMES,
     PID_MAX,
@@ -30,9 +32,12 @@ from telemetry.payload.reports import (
     PROCESS_STATES,
     TEMPERATURE_MAX_C,
     TEMPERATURE_MIN_C,
+    THROTTLE_REASONS,
     UNREPORTED_MEMORY_MAX_MIB,
+    XID_MAX,
     BatchReport,
     DirectiveOutcome,
+    GpuHealth,
     GpuReport,
     Limits,
     ProcessReport,
@@ -318,6 +323,58 @@ def _unreported_parse(
     )
 
 
+def _health_parse(raw: Any, where: str, refused: dict[str, list[str]]) -> GpuHealth | None:
+    """A sample's health reading. A bad field is dropped and named in ``refused``, like a
+    process claim: the samples are still worth keeping, and the rest of the reading still
+    counts (a GPU that says it is lost is lost even if its ECC count is garbage)."""
+    if raw is None:
+        return None
+    if type(raw) is not dict:
+        refused.setdefault(where, []).append(f"must be an object, got {_describe(raw)}; dropped")
+        return None
+    fields: dict[str, Any] = {}
+    xid = raw.get("xid", [])
+    if (
+        type(xid) is not list
+        or len(xid) > MAX_XIDS
+        or not all(type(code) is int and 0 <= code <= XID_MAX for code in xid)
+    ):
+        refused.setdefault(f"{where}.xid", []).append(
+            f"must be a list of at most {MAX_XIDS} XID codes, whole numbers 0..{XID_MAX}, "
+            f"got {_describe(xid)}; dropped"
+        )
+    else:
+        fields["xid"] = tuple(xid)
+    for name in ("ecc_volatile_uncorrected", "ecc_aggregate_uncorrected"):
+        count = raw.get(name, 0)
+        if type(count) is not int or not 0 <= count <= ECC_MAX:
+            refused.setdefault(f"{where}.{name}", []).append(
+                f"must be a whole count of errors, 0..{ECC_MAX}, got {_describe(count)}; dropped"
+            )
+        else:
+            fields[name] = count
+    throttle = raw.get("throttle", [])
+    if type(throttle) is not list or not all(_one_of(r, THROTTLE_REASONS) for r in throttle):
+        refused.setdefault(f"{where}.throttle", []).append(
+            f"must be a list of {', '.join(sorted(THROTTLE_REASONS))}, got "
+            f"{_describe(throttle)}; dropped"
+        )
+    else:
+        fields["throttle"] = tuple(sorted(set(throttle)))
+    lost = raw.get("lost", False)
+    if type(lost) is not bool:
+        refused.setdefault(f"{where}.lost", []).append(
+            f"must be true or false, got {_describe(lost)}; dropped"
+        )
+    else:
+        fields["lost"] = lost
+    return GpuHealth(**fields)
+
+
+def _fatal(health: GpuHealth) -> bool:
+    return health.lost or bool(health.xid) or health.ecc_volatile_uncorrected > 0
+
+
 def _samples_parse(
     errors: _Errors,
     raw: Any,
@@ -326,6 +383,7 @@ def _samples_parse(
     gpu_uuids: set[str],
     max_samples: int,
     refused: dict[str, list[str]],
+    health: dict[str, tuple[datetime, GpuHealth]] | None = None,
 ) -> tuple[list[SampleRow], dict[str, tuple[datetime, tuple[ProcessReport, ...]]]]:
     if type(raw) is not list:
         errors.add("samples", f"must be a list, got {_describe(raw)}")
@@ -388,8 +446,20 @@ def _samples_parse(
         )
         if unreported is not None:
             processes = (*processes, unreported)
+        reading = _health_parse(s.get("health"), f"samples[{i}].health", refused)
         if not ok:
             continue
+        if reading is not None and health is not None:
+            # The latest reading, unless an earlier one in the batch reported an error.
+            kept = health.get(gpu)  # type: ignore[arg-type]
+            if (
+                kept is None
+                or (at >= kept[0] and not _fatal(kept[1]))
+                or (  # type: ignore[operator]
+                    _fatal(reading) and not _fatal(kept[1])
+                )
+            ):
+                health[gpu] = (at, reading)  # type: ignore[index]
         rows.append((gpu, at, util, used, total, power, temperature, energy))  # type: ignore[arg-type]
         previous = latest.get(gpu)
         if previous is None or at >= previous[0]:  # type: ignore[operator]
@@ -474,6 +544,7 @@ def payload_parse(raw: dict[str, Any], *, now: datetime, limits: Limits) -> Batc
     hostname = _text(errors, raw, "hostname", "hostname", max_length=255, required=True)
     gpus = _gpus_parse(errors, raw.get("gpus"))
     refused: dict[str, list[str]] = {}
+    health: dict[str, tuple[datetime, GpuHealth]] = {}
     rows, latest = _samples_parse(
         errors,
         raw.get("samples"),
@@ -481,6 +552,7 @@ def payload_parse(raw: dict[str, Any], *, now: datetime, limits: Limits) -> Batc
         gpu_uuids={gpu.uuid for gpu in gpus},
         max_samples=limits.max_samples,
         refused=refused,
+        health=health,
     )
     results = _results_parse(errors, raw.get("directive_results"))
     if errors.count:
@@ -499,4 +571,5 @@ def payload_parse(raw: dict[str, Any], *, now: datetime, limits: Limits) -> Batc
         first_at=min(times) if times else None,
         last_at=max(times) if times else None,
         refused=refused,
+        health=health,
     )

@@ -58,6 +58,29 @@ class GpuReport:
     pcie_switch: str = ""
 
 
+# NVML's throttle reasons that say something about the GPU's health (clocks held down by
+# heat or by the power limit), as the agent names them; others (idle, application clocks)
+# are not sent.
+THROTTLE_REASONS = frozenset(
+    {"thermal", "power", "hw_slowdown", "hw_thermal", "hw_power_brake", "sw_thermal"}
+)
+XID_MAX = 1_000_000
+MAX_XIDS = 64
+# An ECC counter beyond this is not a count of errors.
+ECC_MAX = 2**62
+
+
+@dataclass(frozen=True, slots=True)
+class GpuHealth:
+    """What NVML said about a GPU's health in one sample (docs/telemetry.md "Health")."""
+
+    xid: tuple[int, ...] = ()  # XID error codes seen since the previous sample
+    ecc_volatile_uncorrected: int = 0
+    ecc_aggregate_uncorrected: int = 0
+    throttle: tuple[str, ...] = ()
+    lost: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessReport:
     pid: int
@@ -97,3 +120,6 @@ class BatchReport:
     last_at: datetime | None
     # Untrusted process claims that were dropped, by field, with why: the batch was kept.
     refused: dict[str, list[str]] = field(default_factory=dict)
+    # gpu uuid -> (sample time, health) of the latest sample with a health reading; a fatal
+    # reading in an earlier sample of the batch wins over a later healthy one.
+    health: dict[str, tuple[datetime, GpuHealth]] = field(default_factory=dict)

@@ -14,7 +14,12 @@ import audit.services as audit
 from telemetry.errors import TelemetryError
 from telemetry.models import EnforcementAction, Gpu, IngestBatch, Node, ProcessObservation, Sample
 from telemetry.payload import BatchReport, Limits, payload_parse
-from telemetry.services.nodes import _gpus_unhealthy, _unauthorised, tier_capacity_refresh
+from telemetry.services.nodes import (
+    _gpus_unhealthy,
+    _unauthorised,
+    gpus_health_apply,
+    tier_capacity_refresh,
+)
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,8 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
         tiers_changed.add(node.tier_id)
     if tiers_changed:
         tier_capacity_refresh(tiers=tiers_changed)
+    if report.health and not duplicate:
+        gpus_health_apply(node=node, health=report.health, now=now)
     _outcomes_record(node=node, report=report, now=now)
     return IngestResult(
         stored=0 if duplicate else len(report.samples),

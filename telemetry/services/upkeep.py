@@ -13,13 +13,15 @@ from django.utils import timezone
 
 import audit.services as audit
 from telemetry.models import Gpu, IngestBatch, Node, Sample, SampleMinute
-from telemetry.services.nodes import _gpus_unhealthy, tier_capacity_refresh
+from telemetry.services.nodes import _gpus_unhealthy, failed_gpus_sweep, tier_capacity_refresh
 
 
 @transaction.atomic
 def nodes_health_check(*, now: datetime | None = None) -> list[Node]:
-    """Mark nodes silent for GPUMARKET_NODE_STALE_SECONDS unhealthy; their GPUs leave the
-    capacity of the next rounds. Returns the nodes marked."""
+    """Mark nodes silent for GPUMARKET_NODE_STALE_SECONDS unhealthy, measure every tier's
+    supply again (GPUs that left, and work of longer windows that started or ended), and
+    refund and move the allocations on a silent node or a failed GPU. Returns the nodes
+    marked."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.GPUMARKET_NODE_STALE_SECONDS)
     stale = list(
@@ -27,12 +29,10 @@ def nodes_health_check(*, now: datetime | None = None) -> list[Node]:
         .filter(healthy=True, last_seen_at__lt=cutoff)
         .order_by("pk")
     )
-    tiers: set[int] = set()
     for node in stale:
         node.healthy = False
         node.save(update_fields=["healthy"])
-        tiers |= _gpus_unhealthy(Gpu.objects.filter(node=node))
-        tiers.add(node.tier_id)
+        _gpus_unhealthy(Gpu.objects.filter(node=node))
         audit.record(
             actor="telemetry",
             action="node.unhealthy",
@@ -42,8 +42,10 @@ def nodes_health_check(*, now: datetime | None = None) -> list[Node]:
                 "stale_seconds": settings.GPUMARKET_NODE_STALE_SECONDS,
             },
         )
-    if tiers:
-        tier_capacity_refresh(tiers=tiers)
+    tier_capacity_refresh()
+    # Work on a silent node could not run since the node's last batch; the sweep also
+    # catches work settled onto a GPU while it was failing.
+    failed_gpus_sweep(now=now)
     return stale
 
 

@@ -91,7 +91,11 @@ def test_a_batch_arrives_in_the_documented_shape(ingest, sim_node, children):
     sample = body["samples"][1]
     assert set(sample) == {
         "gpu", "at", "utilization_pct", "memory_used_mib", "memory_total_mib", "power_w",
-        "temperature_c", "energy_j", "processes",
+        "temperature_c", "energy_j", "processes", "health",
+    }  # fmt: skip
+    assert sample["health"] == {
+        "xid": [], "ecc_volatile_uncorrected": 0, "ecc_aggregate_uncorrected": 0,
+        "throttle": [], "lost": False,
     }  # fmt: skip
     parse_time(sample["at"])
     assert isinstance(sample["utilization_pct"], int) and 0 <= sample["utilization_pct"] <= 100

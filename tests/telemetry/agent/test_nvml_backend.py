@@ -140,7 +140,7 @@ def test_nvml_backend_skips_a_gpu_that_fails_and_keeps_the_others(fake_nvml, mon
 
     def temperature(device, sensor):
         if device.index == 0:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN)
         return 50
 
     monkeypatch.setattr(pynvml, "nvmlDeviceGetTemperature", temperature)
@@ -148,6 +148,30 @@ def test_nvml_backend_skips_a_gpu_that_fails_and_keeps_the_others(fake_nvml, mon
     samples = NvmlBackend().sample()
 
     assert [s.gpu for s in samples] == ["GPU-00000001-fake"]
+
+
+def test_nvml_backend_reports_a_lost_gpu_and_health(fake_nvml, monkeypatch):
+    fake_nvml.devices.extend([FakeDevice(index=0, pids=[]), FakeDevice(index=1, pids=[])])
+
+    def temperature(device, sensor):
+        if device.index == 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return 50
+
+    def ecc(device, error_type, counter_type):
+        return 2 if counter_type == 0 else 7  # volatile, aggregate
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTemperature", temperature)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetTotalEccErrors", ecc)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", lambda d: 0x4 | 0x40)
+
+    lost, fine = NvmlBackend().sample()
+
+    assert lost.gpu == "GPU-00000000-fake" and lost.health.lost
+    assert not fine.health.lost
+    assert fine.health.ecc_volatile_uncorrected == 2
+    assert fine.health.ecc_aggregate_uncorrected == 7
+    assert fine.health.throttle == ("power", "hw_thermal")
 
 
 def test_nvml_backend_with_no_gpus_is_unavailable(fake_nvml):
