@@ -159,7 +159,7 @@ def order_resume_view(request: HttpRequest, pk: int) -> HttpResponse:
     return _status_action(request, pk, order_resume, "resumed: it bids from the open round on")
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @login_required
 def order_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
     if not confirmed(request):

@@ -55,7 +55,8 @@ def bid_reason(
     got = sum(awarded.values())
     if got >= quantity:
         where = ", ".join(f"{g} x {slug}" for slug, g in sorted(awarded.items()))
-        return Reason.WON, f"Won all {quantity} GPUs asked ({where})."
+        whole = "the 1 GPU" if quantity == 1 else f"all {quantity} GPUs"
+        return Reason.WON, f"Won {whole} asked ({where})."
     head = f"Won {got} of {quantity} GPUs: " if got else "Won nothing: "
     if bid_id in facts.left_out:
         return Reason.HARD_CAP, head + f"left out of the round because {facts.left_out[bid_id]}."

@@ -19,6 +19,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.defaultfilters import pluralize
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -400,17 +401,18 @@ def bid_change(request: HttpRequest, pk: int) -> HttpResponse:
     )
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @login_required
 def bid_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
     tenant = require_tenant(request.user)
+    # A GET (a typed or followed link) asks the same question as a POST without confirmation.
     if not confirmed(request):
         bid = access_object(Bid.objects.all(), tenant=tenant, pk=pk)
         return confirm_page(
             request,
             title=f"Cancel bid {bid.pk}",
             question=(
-                f"Cancel bid {bid.pk} ({bid.quantity} GPUs)? Its escrow of "
+                f"Cancel bid {bid.pk} ({bid.quantity} GPU{pluralize(bid.quantity)})? Its escrow of "
                 f"{credits(bid.escrow)} credits goes back to available; a cancelled bid cannot "
                 "be opened again."
             ),

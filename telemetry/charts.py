@@ -50,8 +50,15 @@ def gpu_heatmap(
     return fig
 
 
-def utilisation_lines(series: Mapping[str, Sequence[tuple[datetime, float]]]) -> go.Figure:
-    """Utilisation over time, one line per GPU: {gpu label: [(time, percent)]}."""
+def utilisation_lines(
+    series: Mapping[str, Sequence[tuple[datetime, float]]],
+    *,
+    window: tuple[datetime, datetime] | None = None,
+) -> go.Figure:
+    """Utilisation over time, one line per GPU: {gpu label: [(time, percent)]}.
+
+    ``window``: the allocation's [start, end); the time axis spans it, in hours and minutes,
+    so a new allocation's first samples do not stretch a few seconds into millisecond ticks."""
     fig = go.Figure()
     for label, points in sorted(series.items()):
         fig.add_trace(
@@ -66,4 +73,7 @@ def utilisation_lines(series: Mapping[str, Sequence[tuple[datetime, float]]]) ->
         legend={"orientation": "h", "y": -0.25},
         **_LAYOUT,
     )
+    fig.update_xaxes(tickformat="%H:%M")
+    if window is not None:
+        fig.update_xaxes(range=[window[0], window[1]])
     return fig

@@ -109,7 +109,10 @@ def allocation_detail(request: HttpRequest, pk: int) -> HttpResponse:
         else {}
     )
     chart = (
-        figure_html(utilisation_lines(series), element_id="allocation-utilisation")
+        figure_html(
+            utilisation_lines(series, window=(allocation.starts_at, allocation.ends_at)),
+            element_id="allocation-utilisation",
+        )
         if series
         else ""
     )

@@ -32,6 +32,7 @@ from market.services.policy import (
     policy_version_create,
 )
 from market.services.void import round_void
+from tenants.ledger import credits
 
 
 def _version(number: int) -> PolicyVersion:
@@ -51,13 +52,27 @@ def policy_list(request: HttpRequest) -> HttpResponse:
     )
 
 
+def _guardrail_label(name: str) -> str:
+    """A guardrail named as the edit form names it, not by its stored key."""
+    field = PolicyVersionForm.base_fields.get(name)
+    return str(field.label) if field is not None and field.label else name
+
+
+def _guardrail_value(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if name == "spend_max_per_window" and isinstance(value, int):
+        return f"{credits(value)} credits"
+    return str(value)
+
+
 @staff_required
 def policy_detail(request: HttpRequest, number: int) -> HttpResponse:
     version = _version(number)
     tiers = _tiers()
     settings_rows = [(t, version.reserve_for(t.slug), version.max_share_for(t.slug)) for t in tiers]
     guardrails = [
-        (name, version.guardrails.get(name))
+        (_guardrail_label(name), _guardrail_value(name, version.guardrails[name]))
         for name in GUARDRAIL_FIELDS
         if name in version.guardrails
     ]
@@ -210,6 +225,7 @@ def policy_replay(request: HttpRequest, number: int) -> HttpResponse:
             "totals": totals,
             "charts": charts,
             "other_label": f"v{version.number} (replayed)",
+            "other_label_names_policy": True,
         },
     )
 

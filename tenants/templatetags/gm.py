@@ -6,6 +6,7 @@ import re
 from django import template
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
+from django.utils.text import slugify
 
 from tenants.ledger import credits as credits_format
 
@@ -65,3 +66,19 @@ def charge_shown(allocation: object) -> str:
     return mark_safe(  # noqa: S308 - two formatted numbers
         f'{net} <span class="muted">({credits_format(back)} refunded)</span>'
     )
+
+
+@register.filter
+def tier_label(tier: object) -> str:
+    """A tier's name, with its slug beside it (muted) only when the slug says something the
+    name does not ("A100 80GB a100", but "Preemptible", not "Preemptible preemptible")."""
+    name, slug = str(getattr(tier, "name", "")), str(getattr(tier, "slug", ""))
+    if not slug or slugify(name) == slug:
+        return escape(name)
+    return mark_safe(f'{escape(name)} <span class="muted">{escape(slug)}</span>')  # noqa: S308
+
+
+@register.filter
+def gpus(n: object) -> str:
+    """'1 GPU', '3 GPUs'."""
+    return f"{n} GPU" if str(n) == "1" else f"{n} GPUs"

@@ -38,6 +38,11 @@ def _reason(**bid):
     ("bid", "code", "words"),
     [
         ({"limits": {"a100": 4000}, "awarded": {"a100": 2}}, Reason.WON, "Won all 2 GPUs"),
+        (
+            {"quantity": 1, "limits": {"a100": 4000}, "awarded": {"a100": 1}},
+            Reason.WON,
+            "Won the 1 GPU asked",
+        ),
         ({"bid_id": 9, "limits": {"a100": 4000}}, Reason.HARD_CAP, "daily hard cap"),
         ({"limits": {"a100": 500}}, Reason.BELOW_RESERVE, "a100 reserve 1.000 > your 0.500"),
         ({"limits": {"a100": 3000}}, Reason.OUTBID, "a100 cleared at 3.100"),

@@ -128,7 +128,8 @@ def test_editing_a_reserve_price_creates_a_new_version_and_an_audit_event(market
     assert event.after["reserve_prices"]["a100"] == 1500
     assert event.after["number"] == new.number
     detail = staff.get(response["Location"]).content.decode()
-    assert "1.500" in detail and "price_max_multiple" in detail
+    assert "1.500" in detail and "price_max_multiple" not in detail  # no raw keys
+    assert "<dt>Price guardrail: at most N x the trailing median</dt><dd>3.0</dd>" in detail
 
 
 @pytest.mark.parametrize(
@@ -203,6 +204,9 @@ def test_replay_of_past_rounds_under_a_candidate(market, staff, teams):
     # Under a reserve of 10.000 no bid clears: nothing is allocated, no revenue.
     totals = page.split('id="comparison-totals"')[1].split("</table>")[0].replace("\n", "")
     assert '<th scope="row">GPUs allocated</th><td>4</td><td>0</td>' in totals
+    rows = page.split('id="comparison-rounds"')[1]
+    assert f"<td>v{candidate.number} (replayed)</td>" in rows
+    assert "(replayed) (v" not in rows
     # Nothing was written by the replay.
     assert PolicyVersion.objects.get(pk=candidate.pk).status == Status.DRAFT
     assert ledger_verify() == []

@@ -177,7 +177,17 @@ def test_market_overview_shows_open_round_and_tiers(client, market, team):
     assert response.status_code == 200
     assert f"Round {market.round.pk}".encode() in response.content
     assert b"data-countdown" in response.content
-    assert b"h100" in response.content
+    assert b"<td>H100</td>" in response.content  # the slug says nothing the name does not
+
+
+def test_a_tier_is_named_once_with_its_slug_only_when_it_adds_something(client, market, team):
+    from market.services import tier_create
+
+    tier_create(actor=None, slug="preemptible", name="Preemptible", capacity=2, preemptible=True)
+    tier_create(actor=None, slug="spot", name="Spot A10", capacity=2, preemptible=True)
+    page = _login(client, team[1]).get(reverse("market_overview")).content.decode()
+    assert "<td>Preemptible</td>" in page
+    assert 'Spot A10 <span class="muted">spot</span> <span class="badge">preemptible</span>' in page
 
 
 def test_spend_page_renders_chart(client, market, team):
@@ -325,3 +335,13 @@ def test_the_no_js_preview_refuses_what_placing_refuses(client, market, team, fi
     assert placing and errors(previewing) == placing
     assert b"escrow-preview" not in previewing.content  # no figures from terms it refuses
     assert not Bid.objects.exists()
+
+
+def test_cancel_by_get_asks_for_confirmation_instead_of_a_blank_405(client, market, team):
+    tenant, user = team
+    bid = _place(market, tenant, user, quantity=1)
+    page = _login(client, user).get(reverse("bid_cancel", args=[bid.pk]))
+    assert page.status_code == 200
+    assert f"Cancel bid {bid.pk} (1 GPU)?" in page.content.decode()
+    bid.refresh_from_db()
+    assert bid.status == Bid.Status.OPEN

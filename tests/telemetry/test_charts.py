@@ -33,3 +33,14 @@ def test_price_history_reads_as_dates_and_starts_at_zero():
     assert fig.layout.xaxis.type == "date" and "%H:%M" in fig.layout.xaxis.tickformat
     assert fig.layout.yaxis.rangemode == "tozero"
     assert list(fig.data[0].y) == [3.1, 3.15]
+
+
+def test_a_new_allocations_chart_spans_its_window_in_hours_and_minutes():
+    from telemetry.charts import utilisation_lines
+
+    start = datetime(2026, 11, 18, 10, 0, tzinfo=UTC)
+    # Two samples a few seconds apart: alone they would give the axis millisecond ticks.
+    series = {"gpu0": [(start, 40.0), (start + timedelta(seconds=3), 55.0)]}
+    fig = utilisation_lines(series, window=(start, start + timedelta(hours=1)))
+    assert fig.layout.xaxis.tickformat == "%H:%M"
+    assert list(fig.layout.xaxis.range) == [start, start + timedelta(hours=1)]
