@@ -241,6 +241,9 @@ def spend_over_time(
     return fig
 
 
+PRICE_HEADROOM = 1.5
+
+
 def demand_forecast(
     *,
     tier: str,
@@ -314,12 +317,17 @@ def demand_forecast(
             yaxis="y2",
         )
     )
+    top_price = max((_credits(p) for p in price if p is not None), default=0.0)
+    # As many forecast rounds in view as rounds of history: a day's forecast after three
+    # rounds would squeeze the history into the left edge (the rest is a pan away).
+    shown = [at[0], future_at[min(len(at), len(future_at)) - 1]] if at and future_at else None
     fig.update_layout(
         title=f"Demand forecast — {tier}",
         xaxis={
             "title": {"text": "Round window start (UTC)"},
             "type": "date",
             "tickformat": DATE_TICKS,
+            **({"range": shown} if shown else {}),
         },
         yaxis={"title": {"text": "GPUs"}, "rangemode": "tozero"},
         yaxis2={
@@ -328,6 +336,8 @@ def demand_forecast(
             "side": "right",
             "rangemode": "tozero",
             "showgrid": False,
+            # Headroom above the highest price, so a steady price is not drawn on the top edge.
+            **({"range": [0, PRICE_HEADROOM * top_price]} if top_price else {}),
         },
         # Room on the right for the price axis; the legend below the axis title, in trace
         # order (plotly reverses it when a trace is filled).

@@ -109,3 +109,29 @@ def test_bids_of_like_prices_keep_a_linear_axis_from_zero():
         tier="a100", bids=[(3_000, 2), (2_500, 1)], capacity=4, reserve=0, price=2_500
     )
     assert fig.layout.yaxis.type in (None, "linear") and fig.layout.yaxis.range[0] == 0
+
+
+def test_the_forecast_chart_gives_the_history_half_the_width_and_the_price_headroom():
+    from datetime import UTC, datetime, timedelta
+
+    from market.charts import demand_forecast
+    from market.forecast import SIMPLE, Forecast
+
+    at = [datetime(2026, 11, 24, h, tzinfo=UTC) for h in range(3)]
+    future = [at[-1] + timedelta(hours=k) for k in range(1, 25)]  # a day ahead
+    fig = demand_forecast(
+        tier="a100",
+        at=at,
+        demand=[1, 3, 2],
+        capacity=[4, 4, 4],
+        price=[3000, 3000, 3000],
+        future_at=future,
+        forecast=Forecast(
+            method=SIMPLE, reason="", mean=(2.0,) * 24, lower=(1.0,) * 24, upper=(3.0,) * 24
+        ),
+        offered=4,
+    )
+    # The axis shows as many forecast rounds as there are rounds of history (pan for more).
+    assert list(fig.layout.xaxis.range) == [at[0], future[2]]
+    # A steady price sits below the top edge, not on it.
+    assert list(fig.layout.yaxis2.range) == [0, 4.5]
