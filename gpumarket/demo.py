@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -258,10 +259,56 @@ def _work_loop(stop: threading.Event, jobs: Jobs, interval: float) -> None:
             logger.exception("demo job start failed")
 
 
-def _round_lines(stop: threading.Event, interval: float = 2.0) -> None:
-    """Print one line when a round opens and one when it is settled (or fails)."""
-    from market.models import Bid, Round
+def round_news(told: dict[int, str], active: dict[str, int]) -> list[str]:
+    """Console lines for what changed since ``told`` ({round id: status told}, updated): a
+    round opened, settled, failed or was voided, and the active policy changing (a guardrail
+    rolls a version back). ``active`` holds the policy version last told ({"pk": id})."""
+    from market.models import Bid, PolicyVersion, Round
     from tenants.ledger import credits
+
+    lines = []
+    for rnd in Round.objects.order_by("pk"):
+        if told.get(rnd.pk) == rnd.status:
+            continue
+        told[rnd.pk] = rnd.status
+        if rnd.status == Round.Status.OPEN:
+            lines.append(
+                f"round {rnd.pk}: open for bids until {rnd.closes_at:%H:%M:%S} UTC "
+                f"(window {rnd.starts_at:%H:%M}-{rnd.ends_at:%H:%M})"
+            )
+        elif rnd.status in (Round.Status.SETTLED, Round.Status.FAILED):
+            bids = Bid.objects.filter(round=rnd)
+            won = bids.filter(status=Bid.Status.WON).count()
+            prices = ", ".join(
+                f"{slug} {credits(int(p))}" for slug, p in sorted((rnd.prices or {}).items())
+            )
+            lines.append(
+                f"round {rnd.pk}: {rnd.get_status_display().lower()}, "
+                f"{won} of {bids.count()} bids won"
+                + (f", prices {prices} credits/GPU-h" if prices else "")
+                + (f" ({rnd.failure_reason})" if rnd.failure_reason else "")
+            )
+        elif rnd.status == Round.Status.VOIDED:
+            why = rnd.failure_reason.removeprefix("voided: ")
+            lines.append(
+                f"round {rnd.pk}: voided, its charges refunded and its allocations revoked"
+                + (f" ({why})" if why else "")
+            )
+    policy = PolicyVersion.objects.filter(status=PolicyVersion.Status.ACTIVE).first()
+    if policy is not None and active.get("pk") != policy.pk:
+        if "pk" in active:
+            lines.append(
+                f"policy v{policy.number} is active now"
+                + (f": {policy.note}" if policy.note else "")
+            )
+        active["pk"] = policy.pk
+    return lines
+
+
+def _round_lines(stop: threading.Event, interval: float = 2.0) -> None:
+    """Print one line when a round opens, settles, fails or is voided, and when the active
+    policy changes."""
+    from market.models import Round
 
     # Rounds already over when the demo starts (a restart) are not told again.
     told: dict[int, str] = {
@@ -270,32 +317,11 @@ def _round_lines(stop: threading.Event, interval: float = 2.0) -> None:
             "pk", "status"
         )
     }
+    active: dict[str, int] = {}  # the policy in force at the start is not news
     while not stop.wait(interval):
         try:
-            for rnd in Round.objects.order_by("pk"):
-                if told.get(rnd.pk) == rnd.status:
-                    continue
-                told[rnd.pk] = rnd.status
-                if rnd.status == Round.Status.OPEN:
-                    print(
-                        f"round {rnd.pk}: open for bids until {rnd.closes_at:%H:%M:%S} UTC "
-                        f"(window {rnd.starts_at:%H:%M}-{rnd.ends_at:%H:%M})",
-                        flush=True,
-                    )
-                elif rnd.status in (Round.Status.SETTLED, Round.Status.FAILED):
-                    bids = Bid.objects.filter(round=rnd)
-                    won = bids.filter(status=Bid.Status.WON).count()
-                    prices = ", ".join(
-                        f"{slug} {credits(int(p))}"
-                        for slug, p in sorted((rnd.prices or {}).items())
-                    )
-                    print(
-                        f"round {rnd.pk}: {rnd.get_status_display().lower()}, "
-                        f"{won} of {bids.count()} bids won"
-                        + (f", prices {prices} credits/GPU-h" if prices else "")
-                        + (f" ({rnd.failure_reason})" if rnd.failure_reason else ""),
-                        flush=True,
-                    )
+            for line in round_news(told, active):
+                print(line, flush=True)
         except Exception:  # noqa: BLE001 - the console lines must not take the demo down
             logger.exception("demo round report failed")
 
@@ -328,6 +354,16 @@ def main(argv: list[str]) -> int:
     from django.core.management import call_command
 
     django.setup()
+    # The console is for people: HiGHS's banner (printed on fd 1 the first time the web
+    # process solves, e.g. a bid's foresight) and kombu's "could not be delivered" warning
+    # (the first task sent before the worker declared its queue, which kombu then declares
+    # and delivers to) say nothing a visitor can act on.
+    from kombu.transport.virtual.base import UndeliverableWarning
+
+    from market.clearing.highs import banner_silence
+
+    warnings.filterwarnings("ignore", category=UndeliverableWarning)
+    banner_silence()
     var = Path(settings.VAR_DIR)
     var.mkdir(parents=True, exist_ok=True)
     call_command("migrate", interactive=False, verbosity=0)
