@@ -197,6 +197,9 @@ class Order(models.Model):
     # What `gpumarket run --order` starts on the order's GPUs, or the Slurm job it drives.
     command = models.CharField(max_length=1000, blank=True)
     slurm_job = models.CharField(max_length=64, blank=True)
+    # Accepts preemptible capacity: besides its bid in every round, it bids in the backfill
+    # sub-rounds for unsold and reclaimed GPUs (market/services/backfill.py).
+    preemptible = models.BooleanField(default=False)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE)
     # Why it stopped (done, exhausted, expired, cancelled) or was paused.
     status_reason = models.CharField(max_length=300, blank=True)
@@ -279,6 +282,11 @@ class Bid(models.Model):
     # The standing order that made this bid at the round's open; NULL for a hand-placed bid.
     order = models.ForeignKey(
         Order, null=True, blank=True, on_delete=models.PROTECT, related_name="bids"
+    )
+    # The backfill sub-round this bid was made in (``round`` is the window's round); NULL for a
+    # bid in the round itself.
+    backfill = models.ForeignKey(
+        "Backfill", null=True, blank=True, on_delete=models.PROTECT, related_name="bids"
     )
     quantity = models.PositiveIntegerField()
     # Gang minimum: all or nothing below it. 0 = any quantity up to ``quantity`` is useful.
@@ -379,6 +387,8 @@ class Allocation(models.Model):
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE)
+    # Won in a backfill sub-round: on unsold or reclaimed GPUs, to the window's end at most.
+    preemptible = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -443,3 +453,27 @@ class Reclaim(models.Model):
         return (
             f"reclaim {self.pk}: {self.gpu_uuid} of allocation {self.allocation_id} ({self.status})"
         )
+
+
+class Backfill(models.Model):
+    """One backfill sub-round within a round's window (market/services/backfill.py): the GPUs
+    nobody holds now (unsold, or reclaimed idle) offered to the standing orders that accept
+    preemptible capacity, cleared by the round's policy, for the rest of the window."""
+
+    round = models.ForeignKey(Round, on_delete=models.PROTECT, related_name="backfills")
+    at = models.DateTimeField()
+    # {tier slug: GPUs offered}, {tier slug: milli-credits per GPU-hour}, solver diagnostics.
+    capacities = models.JSONField(default=dict, blank=True)
+    prices = models.JSONField(default=dict, blank=True)
+    diagnostics = models.JSONField(default=dict, blank=True)
+    gpus_won = models.PositiveIntegerField(default=0)
+    revenue = models.BigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["round", "at"], name="backfill_unique_round_at")
+        ]
+
+    def __str__(self) -> str:
+        return f"backfill {self.pk} in round {self.round_id} at {self.at:%H:%M}"

@@ -205,6 +205,7 @@ def order_create(
     command: str = "",
     slurm_job: str = "",
     idempotency_key: str | None = None,
+    preemptible: bool = False,
     now: datetime | None = None,
 ) -> Order:
     """A standing order for ``tenant``: from the round open now on, every round gets its bid
@@ -212,7 +213,9 @@ def order_create(
     ``gpu_seconds_wanted`` (None: until cancelled), its ``ceiling`` (milli-credits) is spent,
     or its ``deadline`` passes. ``min_gpus`` (default ``gpus``): all or nothing below it.
     With an ``idempotency_key`` a retry returns the first order (the same key with another
-    name is refused). Refusals name the field; nothing is written."""
+    name is refused). ``preemptible``: it also bids for unsold and reclaimed GPUs in the
+    window's backfill sub-rounds (market/services/backfill.py). Refusals name the field;
+    nothing is written."""
     now = now_or(now)
     _check_member(user=user, tenant=tenant)
     key = (idempotency_key or "").strip()
@@ -261,6 +264,7 @@ def order_create(
         command=command,
         slurm_job=slurm_job,
         idempotency_key=key,
+        preemptible=bool(preemptible),
     )
     OrderLimit.objects.bulk_create(
         [OrderLimit(order=order, tier=terms.tiers[s], price=p) for s, p in terms.values.items()]

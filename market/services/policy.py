@@ -61,7 +61,7 @@ def _per_tier(value: Any, *, field: str, minimum: int, maximum: int) -> dict[str
 IDLE_RECLAIM = "idle_reclaim"
 # params the platform reads itself, never the clearing mechanism's (which refuses a key it
 # does not know): every caller of the clearing leaves them out.
-PLATFORM_PARAMS = (IDLE_RECLAIM,)
+PLATFORM_PARAMS = (IDLE_RECLAIM, "backfill_minutes")
 IDLE_RECLAIM_SETTINGS = {
     # A GPU is idle while its utilisation stays below this percentage...
     "below_pct": (1, 100),
@@ -129,6 +129,13 @@ def policy_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
         elif name in ("params", "guardrails"):
             if not isinstance(value, dict):
                 raise MarketError(f"{name} must be a mapping, got {value!r}")
+            if name == "params" and "backfill_minutes" in value:
+                whole(
+                    value["backfill_minutes"],
+                    field="params.backfill_minutes",
+                    minimum=1,
+                    maximum=60,
+                )
             if name == "params" and IDLE_RECLAIM in value:
                 value = value | {IDLE_RECLAIM: idle_reclaim_validate(value[IDLE_RECLAIM])}
         elif name == "note":

@@ -12,6 +12,7 @@ from django.conf import settings
 from market.errors import MarketError, RoundBusy
 from market.models import Round
 from market.services._common import now_or
+from market.services.backfill import backfill_run
 from market.services.guardrails import guardrails_enforce
 from market.services.orders import orders_bid
 from market.services.round_clearing import round_clear
@@ -61,13 +62,14 @@ class TickReport:
     busy: list[int] = field(default_factory=list)  # held by another worker (left to it)
     open_round: int | None = None
     order_bids: int = 0  # bids the standing orders placed in the open round this pass
+    backfilled: list[int] = field(default_factory=list)  # allocations a backfill made
     finished: list[int] = field(default_factory=list)
 
 
 def rounds_tick(*, now: datetime | None = None) -> TickReport:
     """One pass of the market clock: process every due round (bidding closed but not yet
-    settled), open the next round if none is open, finish rounds whose window ended more than
-    the preemption grace ago.
+    settled), open the next round if none is open, run a backfill sub-round when one is due,
+    finish rounds whose window ended more than the preemption grace ago.
 
     A round that raises is logged and left as it is for the next tick; the other rounds still
     go ahead, so one bad round cannot stop the market. A round another worker holds (a long
@@ -96,6 +98,11 @@ def rounds_tick(*, now: datetime | None = None) -> TickReport:
     else:
         # Every live standing order bids in the open round (once: a second pass adds nothing).
         report.order_bids = len(orders_bid(round_id=report.open_round, now=now).bids)
+    # Unsold and reclaimed GPUs of the running window, offered again every few minutes.
+    try:
+        report.backfilled = backfill_run(now=now).allocations
+    except Exception:  # noqa: BLE001 - the rounds went ahead; the next tick offers them again
+        logger.exception("backfill failed; the next tick tries again")
     # Finish a window only after the preemption grace: until then the enforcement loop is
     # stopping the work still running on it, and labels those allocations preempted.
     finish_before = now - timedelta(seconds=settings.GPUMARKET_PREEMPT_GRACE_SECONDS)
