@@ -5,50 +5,64 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 50, "b": 50}, "legend": {"orientation": "h"}}
+_LAYOUT = {
+    "margin": {"l": 60, "r": 20, "t": 60, "b": 50},
+    "template": "plotly_white",
+    "legend": {"orientation": "h", "y": -0.15},
+}
+# One colour per tier, the same in both panels (plotly's default sequence).
+_COLOURS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3")
 
 
 def price_wait(tiers: Mapping[str, Mapping]) -> go.Figure:
-    """Per tier and week: expected clearing price (credits/GPU-h) now and with the scenario,
-    and the expected wait in rounds on a second axis."""
-    fig = go.Figure()
-    for slug, tier in sorted(tiers.items()):
-        for key, label, dash in (("weeks_before", "now", "dot"), ("weeks_after", "scenario", None)):
+    """Per tier and week: expected clearing price (credits/GPU-h) above, expected wait in
+    rounds below, each dotted for now and solid with the scenario. One legend entry per tier
+    (clicking it hides the tier in both panels); a "never" wait is a gap."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
+    for i, (slug, tier) in enumerate(sorted(tiers.items())):
+        colour = _COLOURS[i % len(_COLOURS)]
+        for key, dash in (("weeks_after", None), ("weeks_before", "dot")):
             weeks = tier.get(key) or []
             if not weeks:
                 continue
-            x = [f"week {w['week']}" for w in weeks]
+            x = [w["week"] for w in weeks]
+            shown = key == "weeks_after"
+            common = {"legendgroup": slug, "mode": "lines+markers"}
+            line = {"dash": dash, "color": colour}
             fig.add_trace(
                 go.Scatter(
                     x=x,
                     y=[w["price"] / 1000 for w in weeks],
-                    mode="lines+markers",
-                    name=f"{slug} price, {label}",
-                    line={"dash": dash},
-                )
+                    name=slug,
+                    showlegend=shown,
+                    line=line,
+                    **common,
+                ),
+                row=1,
+                col=1,
             )
             fig.add_trace(
-                go.Bar(
+                go.Scatter(
                     x=x,
                     y=[w["wait_rounds"] for w in weeks],
-                    name=f"{slug} wait, {label}",
-                    yaxis="y2",
-                    opacity=0.35,
-                )
+                    name=slug,
+                    showlegend=False,
+                    line=line,
+                    **common,
+                ),
+                row=2,
+                col=1,
             )
     fig.update_layout(
-        title="Expected price and wait per week",
-        yaxis={"title": "Credits per GPU-hour", "rangemode": "tozero"},
-        yaxis2={
-            "title": "Wait (rounds)",
-            "overlaying": "y",
-            "side": "right",
-            "rangemode": "tozero",
-        },
-        barmode="group",
+        title={"text": "Expected price and wait per week (solid: with the scenario, dotted: now)"},
+        height=460,
         **_LAYOUT,
     )
+    fig.update_yaxes(title_text="Credits per GPU-hour", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="Wait (rounds)", rangemode="tozero", row=2, col=1)
+    fig.update_xaxes(dtick=1, tickprefix="week ", row=2, col=1)
     return fig
 
 

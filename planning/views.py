@@ -9,11 +9,13 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.auth import staff_required
 from core.charts import figure_html
 from core.errors import DomainError
+from market.forecast import MIN_ROUNDS
 from market.models import Tier
 from planning import charts
 from planning.forms import PlannedCampaignForm, ScenarioForm
@@ -21,7 +23,8 @@ from planning.models import PlannedCampaign, Scenario
 from planning.services.campaigns import planned_campaign_declare, planned_campaign_withdraw
 from planning.services.scenarios import scenario_create
 from tenants.access import require_tenant
-from tenants.models import Tenant
+from tenants.ledger import credits
+from tenants.models import Budget, Tenant
 
 
 def _campaigns_page(request, tenant, *, form=None, status=200):
@@ -87,24 +90,79 @@ def planned_campaign_withdraw_view(request: HttpRequest, pk: int) -> HttpRespons
 
 
 def example_document() -> dict:
-    """A starting scenario on the platform's own tiers: 8 more GPUs on the first tier, with
-    one option of each kind to price against."""
-    first = Tier.objects.filter(active=True).order_by("slug").first()
-    slug = first.slug if first else "a100"
-    return {
-        "name": f"8 more {slug}",
-        "horizon_weeks": 2,
-        "changes": [{"tier": slug, "add_gpus": 8}],
-        "job_gpus": 2,
-        "targets": {"max_unmet_pct": 5, "max_wait_rounds": 1},
-        "kwh_price": "0.2",
-        "options": [
+    """A starting scenario on the platform's own tiers: 8 more GPUs on the first tier, and an
+    option of each kind to price against on every tier (a plan must cover each tier's demand,
+    so an example pricing one tier only fails as soon as another is short)."""
+    slugs = list(Tier.objects.filter(active=True).order_by("slug").values_list("slug", flat=True))
+    slugs = slugs or ["a100"]
+    options: list[dict] = []
+    for slug in slugs:
+        options += [
             {"tier": slug, "kind": "purchase", "price": "25000", "amortisation_months": 36},
             {"tier": slug, "kind": "reserved", "per_hour": "2.2", "term_months": 12},
             {"tier": slug, "kind": "on_demand", "per_hour": "4"},
             {"tier": slug, "kind": "spot", "per_hour": "1.4", "interruption_rate": 0.3},
-        ],
+        ]
+    return {
+        "name": f"8 more {slugs[0]}",
+        "horizon_weeks": 2,
+        "changes": [{"tier": slugs[0], "add_gpus": 8}],
+        "job_gpus": 2,
+        "targets": {"max_unmet_pct": 5, "max_wait_rounds": 1},
+        "kwh_price": "0.2",
+        "options": options,
     }
+
+
+_WINDOW_NAMES = {"day": "daily", "week": "weekly", "month": "monthly"}
+
+
+def _spend_rows(results: dict, *, weeks: int) -> list[tuple[str, str, int, int]]:
+    """(team name, note, spend now, spend with the scenario) in milli-credits, by name.
+
+    The replay bids the history's demand whatever the teams' budgets; a team's hard cap stops
+    its spend at the cap in each window, so over ``weeks`` it can spend no more than the
+    tightest of its hard caps times the windows in the horizon."""
+    before, after = results.get("spend_before", {}), results.get("spend_after", {})
+    slugs = set(before) | set(after)
+    teams = {t.slug: t for t in Tenant.objects.filter(slug__in=slugs)}
+    days = 7 * weeks
+    windows = {"day": days, "week": weeks, "month": -(-days // 30)}
+    most: dict[str, tuple[int, str]] = {}
+    for budget in Budget.objects.filter(
+        tenant__slug__in=slugs, active=True, mode=Budget.Mode.HARD, campaign__isnull=True
+    ).select_related("tenant"):
+        limit = budget.cap * windows[budget.window]
+        slug = budget.tenant.slug
+        if slug not in most or limit < most[slug][0]:
+            note = f"held to its {_WINDOW_NAMES[budget.window]} hard cap of {credits(budget.cap)}"
+            most[slug] = (limit, note)
+    rows = []
+    for slug in slugs:
+        limit, note = most.get(slug, (None, ""))
+        now, later = before.get(slug, 0), after.get(slug, 0)
+        if limit is not None:
+            now, later = min(now, limit), min(later, limit)
+        name = teams[slug].name if slug in teams else slug
+        rows.append((name, note, now, later))
+    return sorted(rows)
+
+
+def _backtest_rows(backtest: dict, history_rounds: int) -> list[tuple[str, dict, str]]:
+    """(tier, backtest, why there is no error figure): a backtest fits on all but its held-out
+    rounds, so "needs at least 3; there were 2" beside "3 rounds of history" is said whole."""
+    rows = []
+    for slug, b in sorted(backtest.items()):
+        why = b.get("reason") or ""
+        trained, holdout = b.get("trained_on", 0), b.get("holdout", 0)
+        if b.get("mape_pct") is None and trained < MIN_ROUNDS:
+            why = (
+                f"the backtest holds out the last {holdout} round{pluralize(holdout)} and fits "
+                f"on the rest, so it needs {MIN_ROUNDS + holdout} settled rounds; there "
+                f"{'is' if history_rounds == 1 else 'are'} {history_rounds}"
+            )
+        rows.append((slug, b, why))
+    return rows
 
 
 @require_http_methods(["GET", "POST"])
@@ -149,14 +207,19 @@ def scenario_detail(request: HttpRequest, pk: int) -> HttpResponse:
         context["tradeoff_chart"] = figure_html(
             charts.tradeoff(results["tradeoff"], chosen_pct=target), element_id="tradeoff-chart"
         )
+        context["backtest_rows"] = _backtest_rows(
+            results.get("backtest", {}), results.get("history_rounds", 0)
+        )
+        feasible = [p["cost"] for p in results.get("tradeoff", []) if p.get("cost") is not None]
+        # The curve is worth drawing only with a cost on it; a flat zero or nothing reads empty.
+        context["tradeoff_state"] = "costs" if any(feasible) else "free" if feasible else "none"
         context["tier_rows"] = [
             (slug, tier, list(zip(tier["weeks_before"], tier["weeks_after"], strict=False)))
             for slug, tier in sorted(results["tiers"].items())
         ]
-        slugs = set(results.get("spend_before", {})) | set(results.get("spend_after", {}))
-        names = dict(Tenant.objects.filter(slug__in=slugs).values_list("slug", "name"))
-        # The replay keys spend by slug; people read teams by name.
-        context["teams"] = sorted(((names.get(s, s), s) for s in slugs), key=lambda t: t[0])
+        context["spend_rows"] = _spend_rows(
+            results, weeks=int((scenario.inputs or {}).get("horizon_weeks") or 1)
+        )
     return render(request, "planning/scenario_detail.html", context)
 
 

@@ -11,7 +11,7 @@ from django.urls import reverse
 from audit.models import AuditEvent
 from market.models import Tier
 from planning.models import PlannedCampaign, Scenario
-from planning.services.scenarios import scenario_run
+from planning.services.scenarios import scenario_create, scenario_run
 from tests.planning.history import history_build
 from tests.planning.test_scenarios import DOCUMENT
 
@@ -97,3 +97,57 @@ def test_a_scenario_page_shows_progress_then_results_and_the_csv(client, history
     csv = client.get(reverse("scenario_csv", args=[scenario.pk]))
     assert csv.status_code == 200 and csv["Content-Type"].startswith("text/csv")
     assert csv.content.decode().splitlines()[0] == "tier,option,gpus,gpu_hours,cost_credits"
+
+
+def test_the_example_prices_every_tier_and_its_plan_is_found(client, history):
+    Tier.objects.create(slug="h100", name="H100", capacity=2)
+    from planning.views import example_document
+
+    document = example_document()
+    assert {o["tier"] for o in document["options"]} == {"a100", "h100"}
+    kept = scenario_create(actor=history.admin, document=document, queue=False)
+    scenario = scenario_run(scenario_id=kept.pk)
+    assert "error" not in scenario.results["recommendation"]
+
+
+def test_a_queued_scenario_and_a_short_history_read_plainly(client, history, monkeypatch):
+    monkeypatch.setattr("planning.tasks.scenario_run_task.delay", lambda pk: None)
+    client.force_login(history.admin)
+    made = client.post(reverse("scenarios"), {"document": json.dumps(DOCUMENT)})
+    queued = client.get(made["Location"]).content.decode()
+    assert "of ? rounds" not in queued and "waiting for a worker to start it" in queued
+    scenario = Scenario.objects.get()
+    scenario_run(scenario_id=scenario.pk)
+    scenario.refresh_from_db()
+    # Two settled rounds of history; the backtest holds one out and has one to fit on.
+    assert scenario.results["history_rounds"] == 2
+    page = " ".join(client.get(made["Location"]).content.decode().split())
+    assert "needs at least 3 settled rounds; there was 1" not in page
+    assert (
+        "the backtest holds out the last 1 round and fits on the rest, so it needs 4 settled "
+        "rounds; there are 2" in page
+    )
+
+
+def test_a_teams_spend_forecast_stays_under_its_hard_cap(client, history, monkeypatch):
+    from tenants.budgets import budget_set
+
+    monkeypatch.setattr("planning.tasks.scenario_run_task.delay", lambda pk: None)
+    budget_set(tenant=history.vision, window="day", mode="hard", cap=400, actor=None)
+    client.force_login(history.admin)
+    made = client.post(reverse("scenarios"), {"document": json.dumps(DOCUMENT)})
+    scenario = Scenario.objects.get()
+    scenario_run(scenario_id=scenario.pk)
+    scenario.refresh_from_db()
+    scenario.results["spend_before"] = {"vision-lab": 3_552_000, "nlp-group": 5_000}
+    scenario.results["spend_after"] = {"vision-lab": 3_000_000, "nlp-group": 4_000}
+    scenario.save(update_fields=["results"])
+    page = client.get(made["Location"]).content.decode()
+    spend = " ".join(page.split('id="spend"')[1].split("</table>")[0].split())
+    # One week at 0.400 a day is at most 2.800, whatever the replay would have it spend.
+    assert "3552.000" not in spend and "3,552" not in spend
+    assert (
+        '<td>Vision Lab <span class="muted">(held to its daily hard cap of 0.400)</span></td>'
+        "<td>2.800</td><td>2.800</td>" in spend
+    )
+    assert "<td>NLP Group</td><td>5.000</td><td>4.000</td>" in spend
