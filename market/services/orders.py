@@ -957,7 +957,13 @@ def orders_unsettle(*, rnd: Round, allocations: list[Allocation], now: datetime)
     for allocation in allocations:
         order_id = order_of.get(allocation.bid_id)
         if order_id is not None:
-            gave[order_id][0] += allocation.gpus * seconds
+            # A backfill allocation ran from its sub-round to the window's end only.
+            ran = (
+                int((allocation.ends_at - allocation.starts_at).total_seconds())
+                if allocation.preemptible
+                else seconds
+            )
+            gave[order_id][0] += allocation.gpus * ran
             gave[order_id][1] += allocation.charge
     orders = list(Order.objects.select_for_update().filter(pk__in=list(gave)).order_by("pk"))
     for order in orders:

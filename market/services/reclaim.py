@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Sum
+from django.db.models import F
 
 import audit.services as audit
 from market.models import Allocation, Order, PolicyVersion, Reclaim
@@ -173,7 +173,8 @@ def reclaim_execute(*, reclaim_id: int, policy: IdlePolicy, now: datetime | None
     """Reclaim a noticed GPU whose grace has run out (the caller saw it still idle): the GPU
     leaves the allocation for the rest of the window and the team is refunded ``refund_pct``
     % of its price for the unused time, never more than the allocation's charge less what
-    came back already. Idempotent: a reclaim already executed is returned as it is, and the
+    came back already; the allocation's ``charge`` is lowered by the refund, so it always
+    reads what the team pays net. Idempotent: a reclaim already executed is returned as it is, and the
     refund's idempotency key makes a retried transfer a no-op."""
     now = now_or(now)
     reclaim = Reclaim.objects.select_for_update().get(pk=reclaim_id)
@@ -192,13 +193,8 @@ def reclaim_execute(*, reclaim_id: int, policy: IdlePolicy, now: datetime | None
         reclaim.save(update_fields=["status", "reason"])
         return reclaim
     unused = int((allocation.ends_at - now).total_seconds())
-    refunded_before = (
-        Reclaim.objects.filter(allocation=allocation, status=Status.RECLAIMED).aggregate(
-            total=Sum("refund")
-        )["total"]
-        or 0
-    )
-    room = max(allocation.charge - allocation.cap_refund - refunded_before, 0)
+    # ``charge`` is what the allocation pays net of earlier reclaims (see below).
+    room = max(allocation.charge - allocation.cap_refund, 0)
     amount = min(
         cost_floor(gpus=1, price=allocation.price, seconds=unused) * policy.refund_pct // 100, room
     )
@@ -218,6 +214,10 @@ def reclaim_execute(*, reclaim_id: int, policy: IdlePolicy, now: datetime | None
     reclaim.reclaimed_at = now
     reclaim.refund = amount
     reclaim.save(update_fields=["status", "reclaimed_at", "refund"])
+    # The allocation's charge is what it pays net: a void (or a cap refund) later gives back
+    # only what was not refunded here already.
+    allocation.charge -= amount
+    allocation.save(update_fields=["charge"])
     if allocation.bid.order_id is not None and amount:
         # The order's spend counts what it paid; the refund came back to the team.
         Order.objects.filter(pk=allocation.bid.order_id).update(spent=F("spent") - amount)

@@ -10,8 +10,16 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from market.errors import MarketError
 from market.models import Allocation, Backfill, Bid, Order, Reclaim
-from market.services import order_create, policy_activate, policy_active, policy_version_create
+from market.services import (
+    order_create,
+    policy_activate,
+    policy_active,
+    policy_version_create,
+    round_void,
+    rounds_tick,
+)
 from market.services.backfill import backfill_pool, backfill_run
 from market.services.launch import allocation_launch
 from telemetry.models import EnforcementAction, Gpu, Node, ProcessObservation
@@ -135,4 +143,45 @@ def test_a_team_that_cannot_pay_sits_the_sub_round_out(world):
     report = backfill_run(now=timezone.now())
     assert report.allocations == []
     assert not Bid.objects.filter(order=order, backfill__isnull=False, status=Bid.Status.WON)
+    assert ledger_verify() == []
+
+
+def test_the_market_clock_runs_the_sub_round(world, tier):
+    _owner, _allocation, other, _order = world
+    report = rounds_tick(now=timezone.now())
+    (backfilled,) = Allocation.objects.filter(pk__in=report.backfilled)
+    assert backfilled.tenant == other and backfilled.gpus == 2  # the two unsold GPUs
+    assert rounds_tick(now=timezone.now()).backfilled == []  # not again within the interval
+
+
+@pytest.mark.parametrize("minutes", [0, 61, "5"])
+def test_a_bad_backfill_interval_is_refused(tier, minutes):
+    with pytest.raises(MarketError, match="params.backfill_minutes"):
+        policy_version_create(
+            actor=None, based_on=policy_active(), params={"backfill_minutes": minutes}
+        )
+
+
+def test_voiding_the_window_gives_back_exactly_what_was_paid(world, tier):
+    owner, allocation, other, order = world
+    paid = allocation.charge
+    owner_before = balance_get(tenant=owner).available
+    other_before = balance_get(tenant=other).available
+    idle = allocation.placement[0]["uuid"]
+    now = timezone.now()
+    later = now + timedelta(minutes=5, seconds=30)
+    _samples(idle, util=1, start=now - timedelta(minutes=11), end=later)
+    _samples(allocation.placement[1]["uuid"], util=90, start=now - timedelta(minutes=11), end=later)
+    idle_reclaim_scan(now=now)
+    idle_reclaim_scan(now=later)
+    refund = Reclaim.objects.get().refund
+    allocation.refresh_from_db()
+    assert allocation.charge == paid - refund  # what it pays net
+    assert backfill_run(now=later).allocations
+
+    round_void(round=allocation.round, actor=None, reason="test", now=later)
+    assert balance_get(tenant=owner).available == owner_before + paid
+    assert balance_get(tenant=other).available == other_before
+    order.refresh_from_db()
+    assert order.spent == 0 and order.gpu_seconds == 0
     assert ledger_verify() == []
