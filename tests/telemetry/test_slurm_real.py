@@ -386,7 +386,7 @@ def test_a_running_job_checkpoints_is_requeued_held_and_runs_again_on_resume(
 
     assert resumed is not None and resumed.outcome == "done", resumed
     # Without StartTime=now Slurm would hold a requeued job back for about two minutes.
-    assert wait_until(lambda: _job(job).get("JobState") == "RUNNING", timeout=20), _job(job)
+    assert wait_until(lambda: _job(job).get("JobState") == "RUNNING", timeout=60), _job(job)
     assert wait_until(lambda: _lines(tmp_path / "starts") == ["start", "start"], timeout=10)
     assert _lines(tmp_path / "checkpoints") == ["checkpoint"]
 
