@@ -71,12 +71,14 @@ _ROWS = (
     ("welfare", "Total value of the awards (credits per hour, bids' limits)", _credits),
     ("rounding_loss", "Value lost rounding to whole GPUs (credits per hour)", _credits),
     ("left_out_by_hard_cap", "Bids left out over a hard cap", lambda v: str(len(v or {}))),
+    ("left_out_by_placement", "Bids placement could not fit", lambda v: str(len(v or {}))),
+    ("preemptions", "Preemptions", str),
     ("parts", "Cleared in parts", str),
     ("total_seconds", "Clearing time (s)", _number),
 )
 _SHOWN = {key for key, _, _ in _ROWS} | {
     "spend", "build_seconds", "solve_seconds", "rounding_seconds", "divisible", "partitioned",
-    "part_prices", "part_bids", "part_seconds", "utilization", "jain_index",
+    "part_prices", "part_bids", "part_seconds", "utilization", "jain_index", "arrays_seconds",
     "jain_tenants",
 }  # fmt: skip
 
@@ -90,7 +92,11 @@ def diagnostics_rows(diagnostics: dict[str, Any] | None) -> list[tuple[str, str]
         value = diagnostic(diagnostics, key) if key in (UTILISATION, JAIN) else diagnostics.get(key)
         if value is not None:
             rows.append((label, show(value)))
-    rows += [(key, str(v)) for key, v in sorted(diagnostics.items()) if key not in _SHOWN]
+    rows += [
+        (key, _number(v, 3) if isinstance(v, float) else str(v))
+        for key, v in sorted(diagnostics.items())
+        if key not in _SHOWN
+    ]
     return rows
 
 

@@ -62,6 +62,13 @@ def price_wait(tiers: Mapping[str, Mapping]) -> go.Figure:
     )
     fig.update_yaxes(title_text="Credits per GPU-hour", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="Wait (rounds)", rangemode="tozero", row=2, col=1)
+    last = max(
+        (w["week"] for t in tiers.values() for k in ("weeks_before", "weeks_after")
+         for w in t.get(k) or []),
+        default=1,
+    )  # fmt: skip
+    # Weeks 1..last with half a week either side: no "week 0", no point on the frame.
+    fig.update_xaxes(range=[0.5, last + 0.5])
     fig.update_xaxes(dtick=1, tickprefix="week ", row=2, col=1)
     return fig
 

@@ -151,7 +151,7 @@ def test_admin_edits_reserve_price_audited_and_csv_exported(page, market, tmp_pa
     rows = list(csv.DictReader(io.StringIO(path.read_text())))
     assert {r["action"] for r in rows} == {"policy.version_create"}
     assert str(event.seq) in {r["seq"] for r in rows}
-    assert '"a100": 2500' in next(r["after"] for r in rows if r["seq"] == str(event.seq))
+    assert '"a100": "2.500"' in next(r["after"] for r in rows if r["seq"] == str(event.seq))
 
     for url, name in (
         ("/market/admin/tiers/", "10-admin-tiers"),

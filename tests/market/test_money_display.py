@@ -20,6 +20,16 @@ def test_round_diagnostics_show_the_awards_value_in_credits():
     assert rows["Value lost rounding to whole GPUs (credits per hour)"] == "0.500"
 
 
+def test_round_diagnostics_name_their_figures_and_round_the_rest():
+    rows = dict(
+        diagnostics_rows(
+            {"left_out_by_placement": {"7": "no node"}, "preemptions": 0, "arrays_seconds": 2e-4}
+        )
+    )
+    assert rows == {"Bids placement could not fit": "1", "Preemptions": "0"}
+    assert dict(diagnostics_rows({"new_figure": 0.123456})) == {"new_figure": "0.123"}
+
+
 def test_a_rounds_shadow_outcome_reads_in_credits_and_team_names(client):
     from market.services import tier_create
     from tests.telemetry.market_data import allocation_make

@@ -22,6 +22,7 @@ def test_price_and_wait_have_an_axis_each_and_one_legend_entry_per_tier():
     assert fig.layout.yaxis2.overlaying is None  # its own panel, not a second scale on one
     # Whole weeks on the time axis, named as the tables name them.
     assert fig.layout.xaxis2.dtick == 1 and fig.layout.xaxis2.tickprefix == "week "
+    assert list(fig.layout.xaxis2.range) == [0.5, 2.5]  # weeks 1 and 2, no "week 0"
     assert fig.layout.template.layout.plot_bgcolor == "white"  # plotly_white, as the others
     # Prices in credits; "never" waits are gaps, not zeros.
     a100_now = next(t for t in fig.data if t.legendgroup == "a100" and t.line.dash == "dot")
