@@ -45,6 +45,8 @@ NODES = (
     # node name (before demo_nodes makes it this demo's own), tier slug, simulated GPUs
     ("sim-node-a", "h100-nvlink", 4),
     ("sim-node-b", "a100", 4),
+    # A tier sells only the GPUs healthy nodes report (docs/capacity.md).
+    ("sim-node-c", "preemptible", 4),
 )
 
 

@@ -17,10 +17,11 @@ from market.services.orders import order_create
 from tenants.models import Tenant
 
 DEMO_TIERS = (
-    # slug, name, GPU model, capacity, preemptible
-    ("h100-nvlink", "H100 NVLink", "NVIDIA H100 80GB SXM", 8, False),
-    ("a100", "A100", "NVIDIA A100 80GB", 16, False),
-    ("preemptible", "Preemptible", "mixed, may be reclaimed", 8, True),
+    # slug, name, GPU model, capacity (0: what the demo's simulated nodes report is measured
+    # into it once they are up), preemptible
+    ("h100-nvlink", "H100 NVLink", "NVIDIA H100 80GB SXM", 0, False),
+    ("a100", "A100", "NVIDIA A100 80GB", 0, False),
+    ("preemptible", "Preemptible", "mixed, may be reclaimed", 0, True),
 )
 # Short rounds so the demo shows several auctions in a few minutes; reserves in milli-credits
 # per GPU-hour (2.000 credits for an H100 hour).
@@ -74,6 +75,7 @@ class DemoOrder:
     gpu_hours: int | None = None  # None: until cancelled
     deadline_hours: int | None = None  # from when it is first seeded
     restart_seconds: int = 300
+    preemptible: bool = False  # also takes GPUs backfilled within a window
 
 
 # Values well above the reserves, so each order wins its GPUs in most rounds; a 2-minute
@@ -124,6 +126,7 @@ DEMO_ORDERS = (
         ceiling=20_000,
         gpu_hours=4,
         restart_seconds=60,
+        preemptible=True,
     ),
 )
 
@@ -154,6 +157,7 @@ def demo_orders_seed(*, now: datetime | None = None) -> list[Order]:
                 if spec.deadline_hours is None
                 else now + timedelta(hours=spec.deadline_hours),
                 restart_seconds=spec.restart_seconds,
+                preemptible=spec.preemptible,
                 now=now,
             )
         )

@@ -23,6 +23,7 @@ import requests
 from django.utils import timezone
 
 from gpumarket import demo
+from gpumarket.demo import NODES as DEMO_NODES
 from market.demo import DEMO_ORDERS
 from market.models import Bid, Order, Round, Tier
 from market.services.tick import rounds_tick
@@ -78,7 +79,7 @@ def test_demo_serves_the_site_and_its_simulated_nodes_report_and_get_enforced(tm
         assert "Log in" in login.text
 
         healthy = paused = 0.0
-        while time.monotonic() < deadline and not (healthy == 2 and paused >= 1):
+        while time.monotonic() < deadline and not (healthy == len(DEMO_NODES) and paused >= 1):
             body = requests.get(f"{base}/metrics", timeout=30).text
             healthy = _metric(body, "gpumarket_nodes", 'state="healthy"')
             paused = _metric(
@@ -87,7 +88,7 @@ def test_demo_serves_the_site_and_its_simulated_nodes_report_and_get_enforced(tm
             time.sleep(1)
         log.flush()
         output = (tmp_path / "demo.log").read_text()
-        assert healthy == 2, output
+        assert healthy == len(DEMO_NODES), output
         assert (
             _metric(body, "gpumarket_nodes_simulated", "") == 0
             or "gpumarket_nodes_simulated 2" in body

@@ -62,12 +62,16 @@ class _Terms:
     restart_seconds: int
 
 
-def _largest_gang(slug: str, tier: Tier) -> tuple[int, str]:
-    """The most GPUs one node of the tier has (a gang runs on one node), and where."""
+def _largest_gang(slug: str, tier: Tier) -> tuple[int, str] | None:
+    """The most GPUs one node of the tier has (a gang runs on one node), and where; None
+    when nothing is known of the tier's nodes yet (none reports GPUs and none are offered:
+    a node may still be coming up)."""
     per_node: dict[str, int] = defaultdict(int)
     for gpu in tier_gpus(slug):
         per_node[gpu.node] += 1
     if not per_node:
+        if not tier.offered:
+            return None
         return tier.offered, f"tier {slug} offers {tier.offered}"
     node, most = max(sorted(per_node.items()), key=lambda kv: kv[1])
     return most, f"{node} ({slug}) has {most}"
@@ -109,8 +113,9 @@ def _terms(
     }
     if min_gpus > 1:
         sizes = {slug: _largest_gang(slug, tiers[slug]) for slug in clean}
-        if all(min_gpus > most for most, _ in sizes.values()):
-            where = "; ".join(text for _, text in sizes.values())
+        known = [size for size in sizes.values() if size is not None]
+        if len(known) == len(sizes) and all(min_gpus > most for most, _ in known):
+            where = "; ".join(text for _, text in known)
             raise MarketError(
                 f"min_gpus: a gang of {min_gpus} GPUs runs on one node and no node is that "
                 f"large ({where}); lower min_gpus or split the work"
