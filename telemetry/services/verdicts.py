@@ -406,7 +406,7 @@ def _verdict_alone(
                 return verdict
         return Verdict(
             Action.TERMINATE,
-            f"allocation {allocation.pk} {ended}; preempted with "
+            f"allocation {allocation.pk} {ended}; its work is stopped after "
             f"{settings.GPUMARKET_PREEMPT_GRACE_SECONDS}s to checkpoint",
             allocation,
             tenant,
