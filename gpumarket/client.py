@@ -279,10 +279,12 @@ class Client:
         campaign: int | None = None,
         command: str = "",
         slurm_job: str = "",
+        preemptible: bool = False,
     ) -> dict:
         """A standing order: it bids every round at ``values`` ({tier slug: credits per
         GPU-hour}) until it has ``gpu_hours`` (None: until cancelled), has spent ``ceiling``
-        credits, or ``deadline`` (ISO 8601) passes."""
+        credits, or ``deadline`` (ISO 8601) passes; ``preemptible``: it also takes GPUs
+        backfilled within a window."""
         body = {
             "name": name,
             "values": _credits_sent(values),
@@ -295,6 +297,7 @@ class Client:
             "campaign": campaign,
             "command": command,
             "slurm_job": slurm_job,
+            "preemptible": preemptible,
         }
         return self.request("POST", "/orders", json=body)
 

@@ -89,6 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--campaign", type=int, help="a campaign id to count its spend against")
     create.add_argument("--command", default="", help="what `gpumarket run --order` starts")
     create.add_argument("--slurm-job", default="", help="or the Slurm job it drives")
+    create.add_argument(
+        "--preemptible",
+        action="store_true",
+        help="also take GPUs backfilled within a window (suspended when the window ends)",
+    )
     listing = subs.add_parser("list", help="the team's orders")
     listing.add_argument("--status", help="active, paused, done, cancelled, exhausted, expired")
     show = subs.add_parser("show", help="one order: progress, rounds, ETA")
@@ -160,6 +165,7 @@ def _act(client: Client, args: argparse.Namespace, parser) -> Any:
             campaign=args.campaign,
             command=args.command,
             slurm_job=args.slurm_job,
+            preemptible=args.preemptible,
         )
     if args.action == "list":
         return client.orders(status=args.status)

@@ -208,6 +208,12 @@ class OrderForm(forms.Form):
     slurm_job = forms.CharField(
         max_length=64, required=False, label="Slurm job", help_text="Or the Slurm job it drives."
     )
+    preemptible = forms.BooleanField(
+        required=False,
+        label="Backfill",
+        help_text="Also take GPUs left unsold or reclaimed within a window, on preemptible "
+        "terms (the work is suspended when the window ends).",
+    )
 
     def __init__(self, *args, tiers, campaigns=None, editing: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -224,7 +230,7 @@ class OrderForm(forms.Form):
             self.fields["campaign"].queryset = campaigns
         if editing:
             # Campaign, command and Slurm job are set when the order is made.
-            for name in ("command", "slurm_job"):
+            for name in ("command", "slurm_job", "preemptible"):
                 del self.fields[name]
 
     def value_fields(self):
@@ -271,6 +277,8 @@ class OrderForm(forms.Form):
         for name in ("campaign", "command", "slurm_job"):
             if name in self.fields:
                 terms[name] = data.get(name) or ("" if name != "campaign" else None)
+        if "preemptible" in self.fields:
+            terms["preemptible"] = bool(data.get("preemptible"))
         return terms
 
     def service_error(self, message: str) -> None:

@@ -363,6 +363,7 @@ class OrderSerializer(serializers.ModelSerializer):
             "campaign",
             "command",
             "slurm_job",
+            "preemptible",
             "rounds_won",
             "rounds_lost",
             "preemptions",
@@ -440,6 +441,11 @@ class OrderCreateSerializer(serializers.Serializer):
     )
     slurm_job = StrictCharField(
         max_length=64, required=False, allow_blank=True, default="", help_text="A Slurm job id."
+    )
+    preemptible = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Also take GPUs backfilled within a window, on preemptible terms.",
     )
 
 

@@ -372,6 +372,7 @@ class OrderViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
                 campaign=campaign,
                 command=data["command"],
                 slurm_job=data["slurm_job"],
+                preemptible=data["preemptible"],
                 idempotency_key=request.headers.get("Idempotency-Key") or None,
             )
         except DomainError as exc:

@@ -116,3 +116,14 @@ def test_a_retried_create_with_its_idempotency_key_makes_one_order(world):
     assert Bid.objects.filter(order_id=first.json()["id"]).count() == 1
     other = api.post("/api/v1/orders", BODY | {"name": "other"}, format="json", **headers)
     assert other.status_code == 409 and "idempotency_key" in other.json()["error"]["message"]
+
+
+def test_an_order_created_preemptible_says_so(world):
+    api = world.a.client()
+    body = api.post("/api/v1/orders", BODY | {"preemptible": True}, format="json").json()
+    assert body["preemptible"] is True
+    assert Order.objects.get(pk=body["id"]).preemptible
+    plain = api.post("/api/v1/orders", BODY | {"name": "plain"}, format="json").json()
+    assert plain["preemptible"] is False
+    bad = api.post("/api/v1/orders", BODY | {"preemptible": "sometimes"}, format="json")
+    assert bad.status_code == 400 and "preemptible" in bad.json()["error"]["fields"]

@@ -73,6 +73,17 @@ def test_order_new_until_cancelled_and_elastic(client, market, team):
     order = Order.objects.get(tenant=tenant)
     assert (order.gpu_seconds_wanted, order.min_gpus, order.gpus) == (None, 1, 3)
     assert "until cancelled" in client.get(reverse("order_list")).content.decode()
+    assert not order.preemptible
+
+
+def test_order_new_can_take_backfilled_gpus(client, market, team):
+    tenant, user = team
+    client.force_login(user)
+    client.post(reverse("order_new"), _post(preemptible="on"))
+    order = Order.objects.get(tenant=tenant)
+    assert order.preemptible
+    detail = client.get(reverse("order_detail", args=[order.pk])).content.decode()
+    assert "also takes GPUs backfilled within a window" in detail
 
 
 def test_a_service_refusal_shows_next_to_the_field_it_names(client, market, team):
