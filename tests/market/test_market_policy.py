@@ -190,10 +190,11 @@ def test_demo_seed_is_idempotent():
     first = demo_market_seed(actor=admin)
     again = demo_market_seed(actor=admin)
     assert first.pk == again.pk and first.status == "active" and first.round_minutes == 2
+    # Capacity is measured from the demo's simulated nodes once they report (docs/capacity.md).
     assert dict(Tier.objects.values_list("slug", "capacity")) == {
-        "h100-nvlink": 8,
-        "a100": 16,
-        "preemptible": 8,
+        "h100-nvlink": 0,
+        "a100": 0,
+        "preemptible": 0,
     }
     assert Tier.objects.get(slug="preemptible").preemptible
     assert PolicyVersion.objects.count() == 1

@@ -82,8 +82,8 @@ def test_an_idle_gpu_is_noticed_reclaimed_and_refunded_once(world):
     before = balance_get(tenant=team).available
     assert idle_reclaim_scan(now=later).reclaimed == [reclaim.pk]
     reclaim.refresh_from_db()
-    unused = (allocation.ends_at - later).total_seconds()
-    expected = int(allocation.price * unused // 3600) * 50 // 100
+    unused = int((allocation.ends_at - later).total_seconds())  # whole seconds, as charged
+    expected = allocation.price * unused // 3600 * 50 // 100
     assert reclaim.status == Reclaim.Status.RECLAIMED and reclaim.refund == expected > 0
     assert balance_get(tenant=team).available == before + expected
     assert Notification.objects.filter(tenant=team, kind="gpu_reclaimed").count() == 1
