@@ -22,6 +22,10 @@ def test_the_new_token_is_selected_by_its_copy_button(page, live_server):
     token = page.input_value("[data-testid=new-token]")
     assert token.startswith("gm_")
     page.click("[data-testid=copy-token]")
+    # The clipboard answers asynchronously; the label changes when it has.
+    page.wait_for_function(
+        "() => document.querySelector('[data-testid=copy-token]').textContent !== 'Copy'"
+    )
     label = page.inner_text("[data-testid=copy-token]")
     assert label in ("Copied", "Selected: press Ctrl+C")
     selected = page.evaluate(
