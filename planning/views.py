@@ -20,11 +20,10 @@ from market.models import Tier
 from planning import charts
 from planning.forms import PlannedCampaignForm, ScenarioForm
 from planning.models import PlannedCampaign, Scenario
+from planning.selectors import scenario_spend_rows
 from planning.services.campaigns import planned_campaign_declare, planned_campaign_withdraw
 from planning.services.scenarios import scenario_create
 from tenants.access import require_tenant
-from tenants.ledger import credits
-from tenants.models import Budget, Tenant
 
 
 def _campaigns_page(request, tenant, *, form=None, status=200):
@@ -114,40 +113,6 @@ def example_document() -> dict:
     }
 
 
-_WINDOW_NAMES = {"day": "daily", "week": "weekly", "month": "monthly"}
-
-
-def _spend_rows(results: dict, *, weeks: int) -> list[tuple[str, str, int, int]]:
-    """(team name, note, spend now, spend with the scenario) in milli-credits, by name.
-
-    The replay bids the history's demand whatever the teams' budgets; a team's hard cap stops
-    its spend at the cap in each window, so over ``weeks`` it can spend no more than the
-    tightest of its hard caps times the windows in the horizon."""
-    before, after = results.get("spend_before", {}), results.get("spend_after", {})
-    slugs = set(before) | set(after)
-    teams = {t.slug: t for t in Tenant.objects.filter(slug__in=slugs)}
-    days = 7 * weeks
-    windows = {"day": days, "week": weeks, "month": -(-days // 30)}
-    most: dict[str, tuple[int, str]] = {}
-    for budget in Budget.objects.filter(
-        tenant__slug__in=slugs, active=True, mode=Budget.Mode.HARD, campaign__isnull=True
-    ).select_related("tenant"):
-        limit = budget.cap * windows[budget.window]
-        slug = budget.tenant.slug
-        if slug not in most or limit < most[slug][0]:
-            note = f"held to its {_WINDOW_NAMES[budget.window]} hard cap of {credits(budget.cap)}"
-            most[slug] = (limit, note)
-    rows = []
-    for slug in slugs:
-        limit, note = most.get(slug, (None, ""))
-        now, later = before.get(slug, 0), after.get(slug, 0)
-        if limit is not None:
-            now, later = min(now, limit), min(later, limit)
-        name = teams[slug].name if slug in teams else slug
-        rows.append((name, note, now, later))
-    return sorted(rows)
-
-
 def _backtest_rows(backtest: dict, history_rounds: int) -> list[tuple[str, dict, str]]:
     """(tier, backtest, why there is no error figure): a backtest fits on all but its held-out
     rounds, so "needs at least 3; there were 2" beside "3 rounds of history" is said whole."""
@@ -217,8 +182,8 @@ def scenario_detail(request: HttpRequest, pk: int) -> HttpResponse:
             (slug, tier, list(zip(tier["weeks_before"], tier["weeks_after"], strict=False)))
             for slug, tier in sorted(results["tiers"].items())
         ]
-        context["spend_rows"] = _spend_rows(
-            results, weeks=int((scenario.inputs or {}).get("horizon_weeks") or 1)
+        context["spend_rows"] = scenario_spend_rows(
+            results=results, weeks=int((scenario.inputs or {}).get("horizon_weeks") or 1)
         )
     return render(request, "planning/scenario_detail.html", context)
 
