@@ -4,9 +4,13 @@ import os
 import signal
 
 import pytest
+from django.utils import timezone
 
+from market.models import Order
 from market.services import tier_create
 from telemetry.services import node_register
+from tenants.ledger import MILLI
+from tests import factories
 from tests.conftest import test_database_url as database_url  # aliased: pytest would collect test_*
 from tests.telemetry.live import LiveServer
 
@@ -42,3 +46,34 @@ def children():
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait(timeout=10)
+
+
+# The node, clock, team and standing order of the orders' enforcement tests
+# (test_enforcement_orders.py, test_enforcement_held_jobs.py); a module's own fixtures of these
+# names take precedence.
+@pytest.fixture
+def node(tier):
+    node, _ = node_register(name="n1", tier=tier, actor="test")
+    return node
+
+
+@pytest.fixture
+def now():
+    return timezone.now()
+
+
+@pytest.fixture
+def team():
+    return factories.tenant(name="Vision", credits=1_000 * MILLI)
+
+
+@pytest.fixture
+def order(team):
+    return Order.objects.create(
+        tenant=team,
+        author=factories.member(tenant=team),
+        name="three-day run",
+        gpus=1,
+        min_gpus=1,
+        ceiling=100 * MILLI,
+    )

@@ -8,49 +8,18 @@ from datetime import timedelta
 
 import pytest
 from django.test import override_settings
-from django.utils import timezone
 
 from audit.models import AuditEvent
 from market.models import Order
 from telemetry.api.views import directive_to_wire
 from telemetry.models import EnforcementAction
-from telemetry.services import enforce, node_register
-from tenants.ledger import MILLI
-from tests import factories
+from telemetry.services import enforce
 from tests.telemetry.test_enforcement_orders import _ack, _report, _window, _work
 
 pytestmark = pytest.mark.django_db
 
 A = EnforcementAction.Action
 JOB = "4242"
-
-
-@pytest.fixture
-def node(tier):
-    node, _ = node_register(name="n1", tier=tier, actor="test")
-    return node
-
-
-@pytest.fixture
-def now():
-    return timezone.now()
-
-
-@pytest.fixture
-def team():
-    return factories.tenant(name="Vision", credits=1_000 * MILLI)
-
-
-@pytest.fixture
-def order(team):
-    return Order.objects.create(
-        tenant=team,
-        author=factories.member(tenant=team),
-        name="three-day run",
-        gpus=1,
-        min_gpus=1,
-        ceiling=100 * MILLI,
-    )
 
 
 def _held(node, tier, team, order, now):

@@ -8,50 +8,19 @@ import secrets
 from datetime import timedelta
 
 import pytest
-from django.utils import timezone
 
 from market.models import Allocation, Bid, Order, Round
 from market.placement.launch import launch_token
 from telemetry.api.views import directive_to_wire
 from telemetry.models import EnforcementAction
-from telemetry.services import enforce, node_register, samples_ingest
-from tenants.ledger import MILLI
+from telemetry.services import enforce, samples_ingest
 from tenants.models import Notification
-from tests import factories
 from tests.telemetry.batches import batch, gpu_uuid, process
 from tests.telemetry.market_data import allocation_make
 
 pytestmark = pytest.mark.django_db
 
 A = EnforcementAction.Action
-
-
-@pytest.fixture
-def node(tier):
-    node, _ = node_register(name="n1", tier=tier, actor="test")
-    return node
-
-
-@pytest.fixture
-def now():
-    return timezone.now()
-
-
-@pytest.fixture
-def team():
-    return factories.tenant(name="Vision", credits=1_000 * MILLI)
-
-
-@pytest.fixture
-def order(team):
-    return Order.objects.create(
-        tenant=team,
-        author=factories.member(tenant=team),
-        name="three-day run",
-        gpus=1,
-        min_gpus=1,
-        ceiling=100 * MILLI,
-    )
 
 
 def _window(team, tier, order, *, starts_at, minutes=60, index=0):
