@@ -33,6 +33,7 @@ from tenants.forms import (
 )
 from tenants.ledger import balance_get, credits, credits_grant
 from tenants.models import Account, Budget, Campaign, Membership, Notification, Tenant, Transfer
+from tenants.overview import hard_cap_blocks
 from tenants.services import (
     member_create,
     member_remove,
@@ -100,8 +101,6 @@ def _blocked_teams() -> list[tuple[object, list[object]]]:
     """Teams a hard cap left bids of out of the latest cleared round, each with the usage of
     its hard budgets now (the staff overview): a cap that blocks every bid while nothing is
     spent is as much a stop as one that is reached."""
-    from market.selectors import hard_cap_blocked_teams
-
     now = timezone.now()
     return [
         (
@@ -113,7 +112,7 @@ def _blocked_teams() -> list[tuple[object, list[object]]]:
                 ).select_related("campaign")
             ],
         )
-        for block in hard_cap_blocked_teams()
+        for block in hard_cap_blocks()
     ]
 
 
