@@ -10,7 +10,6 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
 
 from core.errors import DomainError
-from core.signin import signin_unlock
 from tenants.forms import GrantForm
 from tenants.ledger import credits, credits_grant
 from tenants.models import (
@@ -25,6 +24,7 @@ from tenants.models import (
     Transfer,
 )
 from tenants.services import tenant_create
+from tenants.services.signin import signin_unlock
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
