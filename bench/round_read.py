@@ -11,7 +11,7 @@ The round is written with SQL (INSERT ... SELECT), not through the services: wha
 measured is the read and the clear. Like bench/clearing.py: a tenant for every 10 bids,
 quantities 1, 2, 4, 8 GPUs (55/20/15/10 %), 1-3 of 8 tiers a bid, capacity 60 % of demand
 (at most 100,000 GPUs a tier, the platform's limit: 32 % at a million bids),
-every weight 1. Prints the seconds of each read and clear; docs/clearing.md records them.
+every weight 1. Prints the seconds of each read and clear; bench/RESULTS.md records them.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ its credits are granted and every bid's escrow held through ``transfer_execute_m
 settlement moves them, so the ledger is whole before the round closes. The round is cleared
 by welfare in this process (the embedded broker: parts, if any, are cleared here too). With
 ``--fail`` the round is failed instead of settled (every escrow released). Prints the seconds
-of each step; docs/market.md records them.
+of each step; bench/RESULTS.md records them.
 """
 
 from __future__ import annotations
