@@ -31,9 +31,16 @@ from market import clearing
 from market.models import Allocation, Backfill, Bid, BidLimit, Order, OrderLimit, Round, Tier
 from market.placement import FreeGpu
 from market.placement.inventory import tier_gpus
-from market.services._common import cost_ceil, cost_floor, now_or
+from market.services._common import now_or
 from market.services.reclaim import reclaimed_gpus
 from market.services.round_clearing import RoundData, solve
+from market.spare import (
+    DEFAULT_BACKFILL_MINUTES,
+    backfill_charge,
+    backfill_escrow,
+    backfill_quantity,
+    subround_skip,
+)
 from tenants.errors import TenantError
 from tenants.ledger import credits, credits_charge, credits_hold, credits_release
 from tenants.models import Campaign, Notification, Tenant
@@ -41,9 +48,6 @@ from tenants.models import Campaign, Notification, Tenant
 logger = logging.getLogger(__name__)
 
 BACKFILL_MINUTES = "backfill_minutes"
-DEFAULT_BACKFILL_MINUTES = 5
-# Not worth a sub-round (nor a restart) for less of the window than this.
-MIN_SECONDS_LEFT = 120
 SYSTEM = "backfill"
 
 
@@ -116,12 +120,13 @@ def backfill_run(*, now: datetime | None = None, force: bool = False) -> Backfil
         report.skipped = "no settled window runs now"
         return report
     seconds = int((rnd.ends_at - now).total_seconds())
-    if seconds < MIN_SECONDS_LEFT:
-        report.skipped = "the window is nearly over"
-        return report
     last = Backfill.objects.filter(round=rnd).order_by("-at").values_list("at", flat=True).first()
-    if not force and last is not None and now - last < backfill_every(rnd):
-        report.skipped = "the last sub-round was too recent"
+    report.skipped = subround_skip(
+        seconds_left=seconds,
+        since_last=None if force or last is None else (now - last).total_seconds(),
+        every_seconds=backfill_every(rnd).total_seconds(),
+    )
+    if report.skipped:
         return report
     pool = backfill_pool(now=now)
     report.offered = {slug: len(gpus) for slug, gpus in pool.items()}
@@ -247,14 +252,17 @@ def _bids(
         mine = values.get(order.pk)
         if not mine:
             continue
-        quantity = order.gpus
-        if order.gpu_seconds_wanted is not None:
-            left = order.gpu_seconds_wanted - order.gpu_seconds
-            if left <= 0:
-                continue
-            if order.min_gpus < order.gpus:  # elastic: ask only for the work it still wants
-                quantity = max(order.min_gpus, min(order.gpus, -(-left // seconds)))
-        escrow = cost_ceil(gpus=quantity, price=max(mine.values()), seconds=seconds)
+        quantity = backfill_quantity(
+            gpus=order.gpus,
+            min_gpus=order.min_gpus,
+            gpu_seconds_left=None
+            if order.gpu_seconds_wanted is None
+            else order.gpu_seconds_wanted - order.gpu_seconds,
+            seconds=seconds,
+        )
+        if quantity is None:
+            continue
+        escrow = backfill_escrow(quantity=quantity, values=mine, seconds=seconds)
         if order.spent + escrow > order.ceiling:
             continue
         bid = Bid(
@@ -314,7 +322,9 @@ def _settle(
             continue  # no one node holds the gang: it loses this sub-round
         free[slug] = [g for g in free[slug] if g not in placed]
         price = min(prices[slug], limits[(bid_id, slug)])
-        charge = cost_floor(gpus=gpus, price=price, seconds=seconds)
+        charge = backfill_charge(
+            gpus=gpus, price=prices[slug], limit=limits[(bid_id, slug)], seconds=seconds
+        )
         created.append(
             Allocation.objects.create(
                 tenant_id=bid.tenant_id,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -28,10 +28,12 @@ from market.placement import FreeGpu, Request, place
 from market.placement.inventory import tier_gpus
 from market.services._common import now_or
 from market.services.placement import LIVE, as_json
+from market.spare import failure_refund
 from tenants.ledger import credits, credits_refund
 from tenants.models import LedgerOperation, Notification
 
 KEY_PREFIX = "allocation-failure"
+_MICROSECOND = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -146,11 +148,12 @@ def allocations_gpus_failed(
         # the window's end.
         lost_from = max(failed_at, allocation.starts_at)
         lost_until = max(min(now if placed else allocation.ends_at, allocation.ends_at), lost_from)
-        window = allocation.ends_at - allocation.starts_at
-        lost = lost_until - lost_from
-        pro_rata = allocation.charge * lost // window if window else allocation.charge
-        room = allocation.charge - allocation.cap_refund - _refunded_before(allocation)
-        amount = max(min(pro_rata, room), 0)
+        amount = failure_refund(
+            charge=allocation.charge,
+            lost=(lost_until - lost_from) // _MICROSECOND,
+            window=(allocation.ends_at - allocation.starts_at) // _MICROSECOND,
+            room=allocation.charge - allocation.cap_refund - _refunded_before(allocation),
+        )
         key = _key(allocation, mine, failed_at)
         if amount:
             credits_refund(

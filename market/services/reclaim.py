@@ -13,37 +13,21 @@ as one ledger refund with the idempotency key ``reclaim:<id>``, audited.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
 import audit.services as audit
 from market.models import Allocation, Order, PolicyVersion, Reclaim
-from market.services._common import cost_floor, now_or
+from market.services._common import now_or
 from market.services.policy import IDLE_RECLAIM
+from market.spare import IdlePolicy, reclaim_refund
 from tenants.ledger import credits, credits_refund
 from tenants.models import Notification
 
 Status = Reclaim.Status
 _ACTOR = "reclaimer"
-
-
-@dataclass(frozen=True)
-class IdlePolicy:
-    below_pct: int
-    idle_minutes: int
-    grace_minutes: int
-    refund_pct: int
-
-    @property
-    def idle(self) -> timedelta:
-        return timedelta(minutes=self.idle_minutes)
-
-    @property
-    def grace(self) -> timedelta:
-        return timedelta(minutes=self.grace_minutes)
 
 
 def idle_policies(policy: PolicyVersion) -> dict[str, IdlePolicy]:
@@ -92,7 +76,12 @@ def reclaim_notice(
         return None
     gpu = _placed(allocation, gpu_uuid)
     reclaim_after = now + policy.grace
-    if gpu is None or not allocation.starts_at <= now or reclaim_after >= allocation.ends_at:
+    seconds_left = (allocation.ends_at - now).total_seconds()
+    if (
+        gpu is None
+        or not allocation.starts_at <= now
+        or not policy.may_notice(seconds_left=seconds_left)
+    ):
         return None
     existing = Reclaim.objects.filter(
         allocation=allocation, gpu_uuid=gpu_uuid, status__in=Reclaim.OPEN
@@ -194,9 +183,11 @@ def reclaim_execute(*, reclaim_id: int, policy: IdlePolicy, now: datetime | None
         return reclaim
     unused = int((allocation.ends_at - now).total_seconds())
     # ``charge`` is what the allocation pays net of earlier reclaims (see below).
-    room = max(allocation.charge - allocation.cap_refund, 0)
-    amount = min(
-        cost_floor(gpus=1, price=allocation.price, seconds=unused) * policy.refund_pct // 100, room
+    amount = reclaim_refund(
+        price=allocation.price,
+        unused_seconds=unused,
+        refund_pct=policy.refund_pct,
+        room=max(allocation.charge - allocation.cap_refund, 0),
     )
     where = f"{reclaim.node}/{reclaim.gpu_index}"
     if amount:

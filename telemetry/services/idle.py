@@ -24,12 +24,12 @@ from django.utils import timezone
 from market.models import Allocation, Reclaim
 from market.services import policy_active
 from market.services.reclaim import (
-    IdlePolicy,
     idle_policies,
     reclaim_execute,
     reclaim_notice,
     reclaim_withdraw,
 )
+from market.spare import IdlePolicy
 from telemetry.models import EnforcementAction, ProcessObservation, Sample, SampleMinute
 
 logger = logging.getLogger(__name__)
