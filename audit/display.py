@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tenants.ledger import credits
+from core.money import credits
 
 # Keys whose value is money (milli-credits), or a mapping of money per tier, bid or tenant.
 MONEY_KEYS = frozenset(

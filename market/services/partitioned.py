@@ -25,6 +25,9 @@ from market.clearing.partition import clear_part, clear_partitioned
 logger = logging.getLogger(__name__)
 
 
+# Queued by name (the task lives in market/tasks.py, above the services); a part travels
+# as MessagePack, which the sender must ask for since it does not import the task.
+CLEAR_PART_TASK = "market.clear_part"
 FAIR_MECHANISMS = frozenset({"fisher", "maxmin"})  # partitioned from the lower threshold
 # The results come over Redis's publish/subscribe; before it listens, the group's result
 # reads the parts' results once and, where they are not all in, sleeps this long (Celery's
@@ -71,12 +74,16 @@ def clear_in_parts(
             # The embedded broker has no result backend: clear the parts here, one by one.
             logger.info("no Celery result backend: clearing %d parts in-process", len(subs))
             return [clear_here(sub) for sub in subs]
-        from market.tasks import clear_part_task
-
         job = group(
-            clear_part_task.s(
-                arrays_to_json(sub, mechanism=mechanism, params=params, quotas=quotas, packed=True),
-                index,
+            current_app.signature(
+                CLEAR_PART_TASK,
+                args=(
+                    arrays_to_json(
+                        sub, mechanism=mechanism, params=params, quotas=quotas, packed=True
+                    ),
+                    index,
+                ),
+                serializer="msgpack",
             )
             for index, sub in enumerate(subs)
         ).apply_async()

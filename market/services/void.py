@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -39,13 +40,12 @@ SYSTEM = "system"
 FAILABLE = (Round.Status.OPEN, Round.Status.CLOSED, Round.Status.CLEARED)
 VOIDABLE = (Round.Status.SETTLED, Round.Status.FINISHED)
 ENFORCE_TASK = "telemetry.enforce"
+SLURM_UNRESERVE_TASK = "market.slurm_reservations_end"
 
 
 def _enforcement_request() -> None:
-    from config.celery import app
-
     try:
-        app.send_task(ENFORCE_TASK)
+        current_app.send_task(ENFORCE_TASK)
     except Exception as exc:  # noqa: BLE001 - the beat schedule runs the same pass shortly
         logger.warning(
             "could not request an enforcement pass now (%s); the next scheduled one stops the work",
@@ -316,6 +316,4 @@ def round_void(
 
 
 def _slurm_unreserve(allocation_ids: list[int]) -> None:
-    from market.tasks import slurm_reservations_end_task
-
-    slurm_reservations_end_task.delay(allocation_ids)
+    current_app.send_task(SLURM_UNRESERVE_TASK, args=[allocation_ids])

@@ -7,14 +7,14 @@ serialise on the rows they touch and can never overdraw a tenant account; the da
 check constraint is the last line behind that.
 """
 
+from core.money import MILLI, credits
+
 from .batch import TransferOrder, transfer_execute_many
 from .reads import Balance, balance_get, ledger_verify
 from .transfers import (
     MAX_AMOUNT,
-    MILLI,
     Move,
     amount_validate,
-    credits,
     credits_charge,
     credits_grant,
     credits_hold,

@@ -12,10 +12,10 @@ from django.db.models import BigIntegerField, Case, F, Q, Value, When
 from django.utils import timezone
 
 import audit.services as audit
+from core.money import credits
 from tenants.errors import TenantError
 from tenants.models import Account, Campaign, Entry, LedgerOperation, Tenant, Transfer
 
-MILLI = 1000
 # 10^12 credits: far above any real grant, far below BigInteger overflow when summed.
 MAX_AMOUNT = 10**15
 
@@ -29,13 +29,6 @@ _ROUTES: dict[str, tuple[str, str]] = {
     Transfer.Kind.CHARGE: (Kind.ESCROW, Kind.REVENUE),
     Transfer.Kind.REFUND: (Kind.REVENUE, Kind.AVAILABLE),
 }
-
-
-def credits(amount: int) -> str:
-    """Milli-credits as a human string: 12345 -> '12.345'."""
-    sign = "-" if amount < 0 else ""
-    whole, frac = divmod(abs(amount), MILLI)
-    return f"{sign}{whole:,}.{frac:03d}"
 
 
 def amount_validate(amount: object, *, field: str = "amount") -> int:

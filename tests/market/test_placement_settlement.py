@@ -9,6 +9,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from celery import current_app
 
 from market.models import Allocation, Bid
 from market.services import bid_place, round_clear, round_open_next, round_settle
@@ -196,10 +197,13 @@ def test_voiding_a_round_queues_the_end_of_its_slurm_reservations(
 
     settings.GPUMARKET_SLURM_RESERVATIONS = True
     monkeypatch.setattr(tasks.slurm_reservations_create_task, "delay", lambda ids: None)
-    ended = []
-    monkeypatch.setattr(tasks.slurm_reservations_end_task, "delay", ended.append)
+    sent = []
+    monkeypatch.setattr(
+        current_app, "send_task", lambda name, args=None, **_kw: sent.append((name, args))
+    )
     _bid(team, market, quantity=2, limits={"a100": 5000})
     rnd = _settle(market)
     with django_capture_on_commit_callbacks(execute=True):
         round_void(round=rnd, actor=market.admin, reason="test: wrong capacity")
-    assert ended == [[Allocation.objects.get(round=rnd).pk]]
+    assert ("market.slurm_reservations_end", [[Allocation.objects.get(round=rnd).pk]]) in sent
+    assert "market.slurm_reservations_end" in current_app.tasks  # the name is a real task
