@@ -18,6 +18,12 @@ class Tier(models.Model):
     maintenance_gpus = models.PositiveIntegerField(default=0)
     preemptible = models.BooleanField(default=False)
     active = models.BooleanField(default=True)
+    # Milli-credits per kWh its allocations pay for the energy their GPUs used (metered after
+    # the window, docs/capacity.md "Energy"); 0 = energy is not charged.
+    energy_price = models.PositiveBigIntegerField(default=0)
+    # Watts each of its GPUs may draw: the agent sets it as the GPU's power limit and
+    # enforcement reports a GPU above it; null = no cap.
+    power_cap_w = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -389,6 +395,11 @@ class Allocation(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.ACTIVE)
     # Won in a backfill sub-round: on unsold or reclaimed GPUs, to the window's end at most.
     preemptible = models.BooleanField(default=False)
+    # Whole joules its placed GPUs used in its window, metered from their energy counters
+    # once the window is over (null until then), and the milli-credits charged for it at the
+    # tier's energy price.
+    energy_j = models.PositiveBigIntegerField(null=True, blank=True)
+    energy_charge = models.BigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -84,6 +84,10 @@ class Gpu(models.Model):
     xid_last = models.PositiveIntegerField(null=True, blank=True)
     ecc_volatile_uncorrected = models.PositiveBigIntegerField(default=0)
     ecc_aggregate_uncorrected = models.PositiveBigIntegerField(default=0)
+    # Since when every minute's average power has been above its tier's power cap (null while
+    # it keeps to it), and whether that lasted long enough to be a finding (audited, shown).
+    over_power_cap_since = models.DateTimeField(null=True, blank=True)
+    over_power_cap = models.BooleanField(default=False)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     # Sample time of the process list kept in ProcessObservation, so a late batch from an
     # agent's backlog never replaces a newer view of what runs on the GPU.
@@ -141,6 +145,9 @@ class SampleMinute(models.Model):
     # The energy counter's highest reading in the minute: differences between minutes give
     # energy used (a drop means the counter was reset).
     energy_j_last = models.FloatField()
+    # Joules used in the minute: the counter's rises from the sample before the minute on; a
+    # reading below the one before it is a reset and counts from itself (never negative).
+    energy_j = models.FloatField(default=0)
 
     class Meta:
         ordering = ["gpu", "minute"]
