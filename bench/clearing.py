@@ -6,6 +6,8 @@ guarantee (0 unless something is wrong or a time limit forced a fallback).
     .venv/bin/python bench/clearing.py --sizes 100,1000,5 --policies welfare
     .venv/bin/python bench/clearing.py --parts 4 --workers 2 \
         --sizes 10000,100000,8 100000,1000000,8               # partitioned (POP) clearing
+    .venv/bin/python bench/clearing.py --arrays-only --envy --repeat 2 \
+        --sizes 100000,1000000,8 --policies welfare           # envy_count's share of a clear
 
 Values are heterogeneous: a bid is a job type from the Gavel data
 (shared/data/gavel/simulation_throughputs.json) and values a tier by its measured
@@ -35,6 +37,7 @@ from ortools.graph.python import min_cost_flow
 # code before a change, say), it measures that worktree's code, not the editable install's.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import market.clearing  # noqa: E402
 from market.clearing import (  # noqa: E402
     Bid,
     Instance,
@@ -357,12 +360,27 @@ def partitioned(args, sizes) -> None:
                 )
 
 
+def timed_envy(seconds: list[float]):
+    """envy_count as clear_arrays calls it, adding each call's seconds to ``seconds``."""
+    original = market.clearing.envy_count
+
+    def envy_count(*args: object) -> int:
+        start = time.perf_counter()
+        try:
+            return original(*args)
+        finally:
+            seconds.append(time.perf_counter() - start)
+
+    return original, envy_count
+
+
 def arrays_only(args, sizes) -> None:
     """Each exact clear from the instance's arrays, --repeat times, every run's seconds and
-    the least: the figure the platform's path gives, without the bare solves around it."""
+    the least: the figure the platform's path gives, without the bare solves around it. With
+    --envy, each run's seconds in envy_count follow it (the metric, inside the clear)."""
     print(
         f"{'policy':8} {'tenants':>7} {'bids':>7} {'tiers':>5}  {'least':>6}  "
-        f"{'worst':>6} {'unmet':>5}  runs"
+        f"{'worst':>6} {'unmet':>5}  runs" + ("  (envy_count s, share)" if args.envy else "")
     )
     for tenants, bids, tiers in sizes:
         arrays = instance_arrays(
@@ -372,16 +390,31 @@ def arrays_only(args, sizes) -> None:
         )
         for policy in args.policies.split(","):
             params = {"time_limit": args.time_limit}
-            results = [
-                clear_arrays(arrays, mechanism=policy, params=params).diagnostics
-                for _ in range(args.repeat)
-            ]
+            envy: list[float] = []
+            original, spy = timed_envy(envy)
+            if args.envy:
+                market.clearing.envy_count = spy
+            try:
+                results = [
+                    clear_arrays(arrays, mechanism=policy, params=params).diagnostics
+                    for _ in range(args.repeat)
+                ]
+            finally:
+                market.clearing.envy_count = original
             runs = [d["total_seconds"] for d in results]
             d = results[-1]  # the worst share ratio and the guarantees left unmet
+            text = " ".join(f"{r:.2f}" for r in runs)
+            if args.envy:
+                text += (
+                    "  ("
+                    + ", ".join(
+                        f"{e:.3f} s {100 * e / r:.1f} %" for e, r in zip(envy, runs, strict=True)
+                    )
+                    + f"; {d['envy_violations']} envious)"
+                )
             print(
                 f"{policy:8} {tenants:7} {bids:7} {tiers:5}  {min(runs):6.2f}  "
-                f"{d['min_share_ratio']:6.4f} {d['guarantees_unmet']:5d}  "
-                + " ".join(f"{r:.2f}" for r in runs),
+                f"{d['min_share_ratio']:6.4f} {d['guarantees_unmet']:5d}  " + text,
                 flush=True,
             )
 
@@ -423,6 +456,11 @@ def main() -> None:
         "--arrays-only",
         action="store_true",
         help="only the clear from arrays, each of --repeat runs (no bare or object figures)",
+    )
+    parser.add_argument(
+        "--envy",
+        action="store_true",
+        help="with --arrays-only: each run's seconds in envy_count and its share of the clear",
     )
     args = parser.parse_args()
     highs.banner_silence()
