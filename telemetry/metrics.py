@@ -7,6 +7,7 @@ Every figure is one cheap aggregate query; nothing here scans raw samples.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from django.db.models import Count, Max, Q, Sum
@@ -22,6 +23,21 @@ def _escape(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _number(value: float) -> str:
+    """A sample value with every digit: integers as they are, floats in their shortest
+    round-trip form (``:g`` kept six digits: 1234567 read 1.23457e+06)."""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    value = float(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
 class _Family:
     def __init__(self, name: str, kind: str, help_text: str) -> None:
         self.name, self.kind, self.help_text = name, kind, help_text
@@ -35,7 +51,8 @@ class _Family:
         yield f"# TYPE {self.name} {self.kind}"
         for labels, value in self.samples:
             body = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
-            yield f"{self.name}{{{body}}} {value:g}" if body else f"{self.name} {value:g}"
+            number = _number(value)
+            yield f"{self.name}{{{body}}} {number}" if body else f"{self.name} {number}"
 
 
 def metrics_collect() -> list[_Family]:
@@ -149,4 +166,7 @@ def metrics_collect() -> list[_Family]:
 
 
 def metrics_render() -> str:
-    return "\n".join(line for family in metrics_collect() for line in family.lines()) + "\n"
+    from telemetry.operator_metrics import operator_families  # it builds on _Family above
+
+    families = [*metrics_collect(), *operator_families()]
+    return "\n".join(line for family in families for line in family.lines()) + "\n"
