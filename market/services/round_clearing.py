@@ -399,6 +399,24 @@ def round_clear(*, round_id: int, now: datetime | None = None, wait: bool = True
         return rnd
     _fault_injection_hold(rnd.pk)
     left_out = _over_hard_caps(rnd, now=now)
+    try:
+        data, outcome, misplaced = _solve_placeable(rnd, left_out=left_out)
+    except _Unclearable as exc:
+        return round_fail(round=rnd, reason=str(exc))
+    _outcome_store(rnd, data=data, outcome=outcome, left_out=left_out, misplaced=misplaced, now=now)
+    _clear_record(rnd, bids=int(data.bid_ids.size))
+    return rnd
+
+
+class _Unclearable(Exception):
+    """The round cannot be cleared; its message is the reason the round fails with."""
+
+
+def _solve_placeable(
+    rnd: Round, *, left_out: dict[int, str]
+) -> tuple[RoundData, Outcome, dict[int, str]]:
+    """Solve the round; a gang that won GPUs no node can hold together is cleared out, never
+    charged for GPUs it cannot use, and the round is solved again without it."""
     misplaced: dict[int, str] = {}
     for _attempt in range(PLACEMENT_ATTEMPTS):
         data = round_data(rnd, left_out=frozenset(left_out) | frozenset(misplaced))
@@ -406,9 +424,7 @@ def round_clear(*, round_id: int, now: datetime | None = None, wait: bool = True
             outcome = solve(data=data, policy=rnd.policy)
         except clearing.ClearingError as exc:
             logger.error("round %s: solver failed: %s", rnd.pk, exc)
-            return round_fail(round=rnd, reason=f"the solver could not clear this round: {exc}")
-        # A gang that won GPUs no node can hold together is cleared out, never charged for
-        # GPUs it cannot use; the round is solved again without it.
+            raise _Unclearable(f"the solver could not clear this round: {exc}") from exc
         misfits = placement_misfits(
             rnd=rnd,
             awards=outcome.awards(data),
@@ -416,13 +432,22 @@ def round_clear(*, round_id: int, now: datetime | None = None, wait: bool = True
             tenant={int(b): int(t) for b, t in zip(data.bid_ids, data.tenant_ids, strict=True)},
         )
         if not misfits:
-            break
+            return data, outcome, misplaced
         misplaced |= misfits
-    else:
-        return round_fail(
-            round=rnd,
-            reason=f"gangs still could not be placed after {PLACEMENT_ATTEMPTS} clearings",
-        )
+    raise _Unclearable(f"gangs still could not be placed after {PLACEMENT_ATTEMPTS} clearings")
+
+
+def _outcome_store(
+    rnd: Round,
+    *,
+    data: RoundData,
+    outcome: Outcome,
+    left_out: dict[int, str],
+    misplaced: dict[int, str],
+    now: datetime,
+) -> None:
+    """The round's capacities, prices, awards, diagnostics and shadow comparison, saved with
+    the round ``cleared``."""
     rnd.capacities = dict(zip(data.tier_slugs, (int(c) for c in data.capacity), strict=True))
     rnd.prices = outcome.prices
     rnd.awards = outcome.awards(data)
@@ -451,6 +476,9 @@ def round_clear(*, round_id: int, now: datetime | None = None, wait: bool = True
             "cleared_at",
         ]
     )
+
+
+def _clear_record(rnd: Round, *, bids: int) -> None:
     audit.record(
         actor="system",
         action="round.clear",
@@ -460,14 +488,13 @@ def round_clear(*, round_id: int, now: datetime | None = None, wait: bool = True
             "status": rnd.status,
             "mechanism": rnd.policy.mechanism,
             "policy": rnd.policy.number,
-            "bids": int(data.bid_ids.size),
+            "bids": bids,
             "awards": len(rnd.awards),
             "prices": rnd.prices,
             "capacities": rnd.capacities,
             "shadow": rnd.shadow_policy.number if rnd.shadow_policy_id else None,
         },
     )
-    return rnd
 
 
 def teams_left_out(*, bid_ids: set[int], cleared: RoundData) -> int:
