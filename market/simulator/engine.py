@@ -33,7 +33,9 @@ from market.simulator.errors import SimulationError
 from market.simulator.policies import POLICIES, Plan, Tiers, View, limit_prices
 from market.simulator.policies.queues import DEFAULT_HALF_LIFE_HOURS
 from market.simulator.realise import Ledger, fluid_gpus, lease_rounds, place_gangs
+from market.simulator.spare import IDLE_STRETCHES, IdleStretch, play_window
 from market.simulator.trace import Job
+from market.spare import IdlePolicy
 
 JobModel = Literal["gang", "fluid"]
 JOB_MODELS: tuple[JobModel, ...] = ("gang", "fluid")
@@ -52,6 +54,22 @@ class SimConfig:
     weights: tuple[int, ...] | None = None  # tenant entitlements; None = equal
     half_life_hours: float = DEFAULT_HALF_LIFE_HOURS  # fair-share usage decay
     restart_seconds: int = 0  # progress a preempted gang loses when it next runs
+    # Idle GPUs within a window (spare.py): a job's share of held time it computes when the
+    # trace does not say, where its idle stretch lies, the idle-reclaim policy of every type
+    # (None: never reclaimed) and the backfill sub-rounds' interval (None: no backfill).
+    utilisation: float = 1.0
+    idle_stretch: IdleStretch = "end"
+    idle_reclaim: IdlePolicy | None = None
+    backfill_minutes: int | None = None
+
+    @property
+    def spare(self) -> bool:
+        """Whether windows are played with idle stretches, reclaim or backfill (spare.py)."""
+        return (
+            self.utilisation < 1
+            or self.idle_reclaim is not None
+            or self.backfill_minutes is not None
+        )
 
     def validate(self) -> None:
         if not self.tiers:
@@ -86,6 +104,20 @@ class SimConfig:
             )
         if self.restart_seconds and self.job_model != "gang":
             raise SimulationError("a restart cost needs the gang job model (--job-model gang)")
+        if not (0 < self.utilisation <= 1):
+            raise SimulationError(f"utilisation must be in (0, 1], got {self.utilisation}")
+        if self.idle_stretch not in IDLE_STRETCHES:
+            raise SimulationError(
+                f"idle stretch must be one of {', '.join(IDLE_STRETCHES)}, got {self.idle_stretch!r}"
+            )
+        if self.backfill_minutes is not None and not 1 <= self.backfill_minutes <= 60:
+            raise SimulationError(
+                f"backfill interval must be 1-60 minutes, got {self.backfill_minutes}"
+            )
+        if self.spare and self.job_model != "gang":
+            raise SimulationError(
+                "idle stretches, reclaim and backfill need the gang job model (--job-model gang)"
+            )
         if self.weights is not None and (
             len(self.weights) != self.tenants or min(self.weights) < 1
         ):
@@ -120,6 +152,9 @@ class RoundRecord:
     prices: dict[str, float]  # milli-credits per GPU-hour
     spend: dict[int, int]  # tenant -> milli-credits
     solve_seconds: float  # 0 in rounds that reuse the previous plan
+    reclaimed_gpus: int = 0  # GPUs reclaimed idle within the window (spare.py)
+    backfill_gpus: int = 0  # GPUs awarded by its backfill sub-rounds
+    backfill_busy_gpu_seconds: float = 0.0  # of busy_gpu_seconds, on backfilled GPUs
 
 
 @dataclass(frozen=True)
@@ -172,7 +207,15 @@ class _State:
 
 
 def _play_round(
-    *, active: list[Job], start: float, plan: Plan, config: SimConfig, state: _State, ledger: Ledger
+    *,
+    active: list[Job],
+    start: float,
+    plan: Plan,
+    config: SimConfig,
+    state: _State,
+    ledger: Ledger,
+    spare: bool = False,
+    mechanism: str | None = None,
 ) -> RoundRecord:
     """Realise ``plan`` for one round and advance the ``active`` jobs (updates ``state``)."""
     tiers: Tiers = config.tiers
@@ -196,6 +239,16 @@ def _play_round(
     decay = 0.5 ** ((start - state.usage_clock) / (config.half_life_hours * 3600.0))
     state.usage = {t: u * decay for t, u in state.usage.items()}
     state.usage_clock = start
+    if spare:
+        return _spare_round(
+            active=active,
+            start=start,
+            plan=plan,
+            placed=placed,
+            config=config,
+            state=state,
+            mechanism=mechanism,
+        )
     busy = 0.0
     allocated = {t: 0.0 for t in tiers}
     tenant_gpus: dict[int, float] = {}
@@ -253,6 +306,62 @@ def _play_round(
     )
 
 
+def _spare_round(
+    *,
+    active: list[Job],
+    start: float,
+    plan: Plan,
+    placed: dict[int, str],
+    config: SimConfig,
+    state: _State,
+    mechanism: str | None,
+) -> RoundRecord:
+    """A gang round played with idle stretches, idle reclaim and backfill (spare.py)."""
+    demand: dict[int, int] = {}
+    for job in active:
+        demand[job.tenant] = demand.get(job.tenant, 0) + job.scale
+        before = state.running.get(job.id)
+        won = {placed[job.id]: job.scale} if job.id in placed else {}
+        if before is not None and preempted(held={before: job.scale}, won=won):
+            state.preemptions[job.id] = state.preemptions.get(job.id, 0) + 1
+            state.restarting.add(job.id)
+        if job.id not in state.limits:
+            state.limits[job.id] = limit_prices(job, config.tiers)
+    holdings, spend = play_window(
+        active=active,
+        placed=placed,
+        prices=plan.prices,
+        start=start,
+        config=config,
+        state=state,
+        mechanism=mechanism,
+    )
+    tenant_of = {job.id: job.tenant for job in active}
+    allocated = {t: 0.0 for t in config.tiers}
+    tenant_gpus: dict[int, float] = {}
+    for holding in holdings:
+        if not holding.backfill:
+            allocated[holding.gpu_type] += holding.gpus
+            tenant = tenant_of[holding.job]
+            tenant_gpus[tenant] = tenant_gpus.get(tenant, 0.0) + holding.gpus
+    state.running = placed
+    return RoundRecord(
+        start=start,
+        waiting_jobs=len(active),
+        demand=demand,
+        allocated=allocated,
+        busy_gpu_seconds=sum(h.gpus * h.busy_seconds for h in holdings),
+        tenant_gpus=tenant_gpus,
+        placed=placed,
+        prices=dict(plan.prices),
+        spend=spend,
+        solve_seconds=0.0,
+        reclaimed_gpus=sum(h.gpus for h in holdings if h.reclaimed_at is not None),
+        backfill_gpus=sum(h.gpus for h in holdings if h.backfill),
+        backfill_busy_gpu_seconds=sum(h.gpus * h.busy_seconds for h in holdings if h.backfill),
+    )
+
+
 def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
     """Replay ``jobs`` under ``policy`` and return per-job and per-round outcomes."""
     config.validate()
@@ -261,6 +370,11 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
             f"unknown policy {policy!r}; choose from {', '.join(sorted(POLICIES))}"
         )
     spec = POLICIES[policy]
+    if config.backfill_minutes is not None and not spec.market:
+        raise SimulationError(
+            f"backfill sub-rounds clear with the market's mechanisms; {policy} is a baseline "
+            "(choose welfare, fisher or maxmin)"
+        )
     planner = spec.make()
     tiers: Tiers = dict(config.tiers)
     for job in jobs:
@@ -275,6 +389,9 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
     shrunk = 0
     if config.job_model == "gang":
         jobs, shrunk = fit_gangs(jobs, tiers)
+    spare = config.spare or any(j.utilisation is not None for j in jobs)
+    if spare and config.job_model != "gang":
+        raise SimulationError("a trace's utilisation needs the gang job model (--job-model gang)")
     round_seconds = config.round_minutes * 60.0
     weights = config.weights or tuple([1] * config.tenants)
 
@@ -327,7 +444,14 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
             plan, plans, changed = new_plan, plans + 1, False
 
         record = _play_round(
-            active=active, start=start, plan=plan, config=config, state=state, ledger=ledger
+            active=active,
+            start=start,
+            plan=plan,
+            config=config,
+            state=state,
+            ledger=ledger,
+            spare=spare,
+            mechanism=policy if spec.market else None,
         )
         records.append(dataclasses.replace(record, solve_seconds=solve_seconds))
         clock += 1

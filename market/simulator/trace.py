@@ -2,7 +2,9 @@
 
 A trace has one job a line, seven tab-separated fields: job type, command, steps argument
 name, needs-data flag, total steps, arrival time (seconds), scale factor (GPUs the job needs
-at once). Only the type, steps, arrival and scale are used. Throughputs come from a JSON file
+at once), and optionally an eighth: the job's observed GPU utilisation, the share of the
+GPU-time it holds that it computes (0-1; see spare.py). Only the type, steps, arrival, scale
+and utilisation are used. Throughputs come from a JSON file
 keyed by GPU type, then by the text ``"('<job type>', <scale>)"``; the ``"null"`` entry is the
 job's throughput (steps/s of the whole gang) alone on that GPU type.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +39,7 @@ class Job:
     tenant: int  # index into the simulated tenants, 0..N-1
     throughput: dict[str, float]
     extrapolated: bool = False
+    utilisation: float | None = None  # share of its held GPU-time it computes, if observed
 
     def rate(self, gpus: dict[str, float]) -> float:
         """Steps/s given ``gpus[type]`` GPUs (possibly fractional) of each type.
@@ -133,11 +137,23 @@ def trace_load(
         if not line.strip():
             continue
         fields = line.split("\t")
-        if len(fields) != 7:
+        if len(fields) not in (7, 8):
             raise SimulationError(
-                f"{path}:{number}: expected 7 tab-separated fields, found {len(fields)}"
+                f"{path}:{number}: expected 7 tab-separated fields, found {len(fields)} "
+                "(an eighth, the observed utilisation, is optional)"
             )
-        job_type, _command, _steps_arg, _needs_data, steps, arrival, scale = fields
+        job_type, _command, _steps_arg, _needs_data, steps, arrival, scale = fields[:7]
+        utilisation = None
+        if len(fields) == 8:
+            try:
+                utilisation = float(fields[7])
+            except ValueError:
+                utilisation = math.nan
+            if not 0 < utilisation <= 1:
+                raise SimulationError(
+                    f"{path}:{number}: utilisation (field 8) must be a share in (0, 1], "
+                    f"got {fields[7]!r}"
+                )
         try:
             steps_n, arrival_s, scale_n = int(steps), float(arrival), int(scale)
         except ValueError as exc:
@@ -164,6 +180,7 @@ def trace_load(
                 tenant=len(jobs) if per_job else rng.randrange(int(tenants)),
                 throughput=throughput,
                 extrapolated=extrapolated,
+                utilisation=utilisation,
             )
         )
         if max_jobs is not None and len(jobs) >= max_jobs:
