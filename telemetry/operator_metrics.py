@@ -8,7 +8,7 @@ bid, campaign or process. Teams are labelled by slug, never by display name.
 Per-scrape work stays bounded: the GPU readings are each GPU's newest raw sample (one indexed
 lookup per GPU, samples older than ``GPUMARKET_NODE_STALE_SECONDS`` dropped so a silent GPU's
 readings go stale in Prometheus rather than freeze), team money comes from account balances
-and the last 24 hours' transfers, and GPU-hours from the last 24 hours' allocations and minute
+and the last 24 hours' transfers, and GPU-seconds (Prometheus' base unit) from the last 24 hours' allocations and minute
 rollups.
 """
 
@@ -128,19 +128,19 @@ def team_families() -> list[_Family]:
         "GPUs in the team's allocations whose window holds now (active or paused).",
     )
     allocated = _Family(
-        "gpumarket_team_gpu_hours_allocated_24h",
+        "gpumarket_team_gpu_seconds_allocated_24h",
         "gauge",
-        "GPU-hours of the team's allocations within the last 24 hours.",
+        "GPU-seconds of the team's allocations within the last 24 hours.",
     )
     used = _Family(
-        "gpumarket_team_gpu_hours_used_24h",
+        "gpumarket_team_gpu_seconds_used_24h",
         "gauge",
-        "Utilisation-weighted GPU-hours the team's placed GPUs reported in the last 24 hours.",
+        "Utilisation-weighted GPU-seconds the team's placed GPUs reported in the last 24 hours.",
     )
     unmeasured = _Family(
-        "gpumarket_team_gpu_hours_unmeasured_24h",
+        "gpumarket_team_gpu_seconds_unmeasured_24h",
         "gauge",
-        "GPU-hours of the last 24 hours on allocations without a placement (use not measured).",
+        "GPU-seconds of the last 24 hours on allocations without a placement (use not measured).",
     )
     paused = _Family(
         "gpumarket_team_allocations_paused",
@@ -198,9 +198,9 @@ def team_families() -> list[_Family]:
         spend.add(spend_24h.get(pk, 0), team=slug)
         allocated_now.add(live.get(pk, 0), team=slug)
         totals = use.get(pk)
-        allocated.add(round(totals.paid_hours, 4) if totals else 0, team=slug)
-        used.add(round(totals.used_hours, 4) if totals else 0, team=slug)
-        unmeasured.add(round(totals.unmeasured_hours, 4) if totals else 0, team=slug)
+        allocated.add(round(totals.paid_hours * 3600, 1) if totals else 0, team=slug)
+        used.add(round(totals.used_hours * 3600, 1) if totals else 0, team=slug)
+        unmeasured.add(round(totals.unmeasured_hours * 3600, 1) if totals else 0, team=slug)
         paused.add(paused_now.get(pk, 0), team=slug)
         stopped.add(stopped_now.get(pk, 0), team=slug)
     return [available, escrow, spend, allocated_now, allocated, used, unmeasured, paused, stopped]

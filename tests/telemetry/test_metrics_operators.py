@@ -155,11 +155,13 @@ def test_per_team_money_gpus_and_paused_work(scrape, tier, node):
     assert _value(body, "gpumarket_team_allocations_paused", team=team) == 1
     assert _value(body, "gpumarket_team_processes_stopped", team=team) == 1
     # Unplaced allocations: their GPU-hours so far are unmeasured, not used.
-    assert _value(body, "gpumarket_team_gpu_hours_allocated_24h", team=team) == pytest.approx(
-        3 * 0.5 + 2 * 20 / 60, abs=0.01
+    assert _value(body, "gpumarket_team_gpu_seconds_allocated_24h", team=team) == pytest.approx(
+        (3 * 30 + 2 * 20) * 60, abs=30
     )
-    assert _value(body, "gpumarket_team_gpu_hours_used_24h", team=team) == 0
-    assert _value(body, "gpumarket_team_gpu_hours_unmeasured_24h", team=team) > 2
+    assert _value(body, "gpumarket_team_gpu_seconds_used_24h", team=team) == 0
+    assert _value(body, "gpumarket_team_gpu_seconds_unmeasured_24h", team=team) == _value(
+        body, "gpumarket_team_gpu_seconds_allocated_24h", team=team
+    )
     assert _value(body, "gpumarket_team_gpus_allocated", team=speech.slug) == 0
     assert _value(body, "gpumarket_team_available_millicredits", team=speech.slug) == 50_000
     assert "Secret Vision Team" not in body
