@@ -19,7 +19,9 @@ from audit.models import AuditEvent
 from core.rows import rows_insert
 
 # Any fixed 64-bit key: the advisory lock that serialises appends to the chain on PostgreSQL.
-_CHAIN_LOCK_KEY = 7_412_001
+# A caller that takes it and reads the head itself (``audit_chain_head(CHAIN_LOCK_KEY)``, in a
+# statement of its own) hands the head to ``batch``.
+CHAIN_LOCK_KEY = _CHAIN_LOCK_KEY = 7_412_001
 
 
 class AuditError(Exception):
@@ -60,7 +62,7 @@ def _savepoints(connection: BaseDatabaseWrapper) -> list[str]:
 
 
 @contextmanager
-def batch() -> Iterator[None]:
+def batch(*, head: tuple[int, str] | None = None) -> Iterator[None]:
     """Events recorded inside are appended together when the block ends: one round trip for
     the chain's lock and head and one INSERT for all of them, instead of that for each. The
     events, their order and their hashes are those that recording them one by one would give.
@@ -71,26 +73,37 @@ def batch() -> Iterator[None]:
     it rolls back with its savepoint; it then stands in the chain before the events the block
     recorded earlier. An event recorded inside the block has no seq, hash or pk until the
     block ends.
+
+    ``head``: the chain's (seq, hash) as ``audit_chain_head(CHAIN_LOCK_KEY)`` returned it in this
+    transaction, so under the chain's lock (PostgreSQL only): the events are appended onto it
+    without reading it again, one round trip fewer. Only for the outermost block.
     """
     connection = transaction.get_connection()
     if not connection.in_atomic_block:
         raise AuditError("audit.batch must run inside the transaction of the change it records")
     if getattr(_batch, "events", None) is not None:
+        if head is not None:
+            raise AuditError("a head can only be handed to the outermost audit.batch")
         yield
         return
-    _batch.events, _batch.savepoints = [], _savepoints(connection)
+    if head is not None and connection.vendor != "postgresql":
+        raise AuditError("a head read under the chain's lock is a PostgreSQL call")
+    _batch.events, _batch.savepoints, _batch.head = [], _savepoints(connection), head
     try:
         yield
-        events = _batch.events
+        events, head = _batch.events, _batch.head
     finally:
-        _batch.events = _batch.savepoints = None
-    _append(events)
+        _batch.events = _batch.savepoints = _batch.head = None
+    _append(events, head=head)
 
 
-def _append(events: list[AuditEvent]) -> None:
+def _append(events: list[AuditEvent], *, head: tuple[int, str] | None = None) -> None:
     if not events:
         return
-    seq, prev_hash = _head_locked()
+    if head is None:
+        seq, prev_hash = _head_locked()
+    else:
+        seq, prev_hash = (0, GENESIS_HASH) if head[0] is None else head
     key_id, key = signing_key()
     for event in events:
         seq += 1
@@ -139,4 +152,6 @@ def record(
         pending.append(event)
     else:
         _append([event])
+        if pending is not None:
+            _batch.head = None  # moved on: the batch reads it again
     return event

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 import audit.services as audit
 from market.errors import MarketError, RoundMissing
@@ -26,8 +27,8 @@ from market.services._common import MAX_GPUS, MAX_PRICE, cost_ceil, now_or, whol
 from tenants.access import access_object, membership_of
 from tenants.budgets import budget_check
 from tenants.errors import TenantError
-from tenants.ledger import credits_hold, credits_release, hold_accounts_lock
-from tenants.models import Campaign, Tenant
+from tenants.ledger import MAX_AMOUNT, credits_hold, credits_release, hold_accounts_lock
+from tenants.models import Account, Campaign, Tenant, Transfer
 
 
 def window_seconds(rnd: Round) -> int:
@@ -181,10 +182,29 @@ def bid_place(
     budgets allow it. ``tenant`` comes from the access helpers (the caller's tenant). With an
     ``idempotency_key`` a retry returns the first bid. Raises MarketError with the reason;
     on any refusal nothing is written.
+
+    On PostgreSQL a bid that will be placed goes in one call of ``market_bid_place`` (market
+    migration 0011): the same rows, locks, events and hashes in 4 statements instead of 13.
+    Anything else (a refusal, a replayed key) takes the path below it, which words each error.
     """
     now = now_or(now)
     round_id = round if isinstance(round, int) else round.pk
     _check_member(user=user, tenant=tenant)
+    if connection.vendor == "postgresql":
+        placed = _place_in_one_call(
+            user=user,
+            tenant=tenant,
+            round_id=round_id,
+            quantity=quantity,
+            min_quantity=min_quantity,
+            limits=limits,
+            campaign=campaign,
+            key=(idempotency_key or "").strip(),
+            note=str(note or "")[:200],
+            now=now,
+        )
+        if placed is not None:
+            return placed
     terms = _terms(quantity=quantity, min_quantity=min_quantity, limits=limits)
     if campaign is not None and campaign.tenant_id != tenant.pk:
         raise MarketError(f"campaign {campaign.name!r} does not belong to {tenant.slug}")
@@ -247,6 +267,119 @@ def bid_place(
             target=bid,
             tenant=tenant,
             after=_snapshot(bid, terms.limits),
+        )
+    return bid
+
+
+_PLACE_SQL = (
+    "SELECT outcome, bid_id, escrow, transfer_id, head_seq, head_hash FROM market_bid_place("
+    "%s::bigint, %s::timestamptz, %s::timestamptz, %s::bigint, %s::integer, %s::bigint, "
+    "%s::integer, %s::integer, %s::text, %s::text, %s::text[], %s::bigint[], %s::boolean, "
+    "%s::bigint, %s::bigint)"
+)
+
+
+def _plain_terms(
+    *, quantity: Any, min_quantity: Any, limits: Any
+) -> tuple[int, int, dict[str, int]] | None:
+    """The terms as ``_terms`` takes them, less the tiers' read: quantity and minimum checked
+    (raising as ``_terms`` does, before it reads the tiers), then the limits sorted by slug;
+    None when the limits need ``_terms`` to word what is wrong with them."""
+    quantity = whole(quantity, field="quantity (GPUs)", minimum=1, maximum=MAX_GPUS)
+    min_quantity = whole(min_quantity, field="minimum quantity (GPUs)", minimum=0, maximum=MAX_GPUS)
+    if min_quantity > quantity or not isinstance(limits, dict) or not limits:
+        return None
+    clean = {}
+    for slug, price in sorted(limits.items()):
+        if not isinstance(slug, str) or isinstance(price, bool) or not isinstance(price, int):
+            return None
+        if not 1 <= price <= MAX_PRICE:
+            return None
+        clean[slug] = price
+    return quantity, min_quantity, clean
+
+
+def _place_in_one_call(
+    *,
+    user: AbstractBaseUser,
+    tenant: Tenant,
+    round_id: int,
+    quantity: Any,
+    min_quantity: Any,
+    limits: Any,
+    campaign: Campaign | None,
+    key: str,
+    note: str,
+    now: datetime,
+) -> Bid | None:
+    """``bid_place`` on PostgreSQL for a bid that goes through: the round, tiers, accounts,
+    bid, limits, hold and the chain's head in one call (``market_bid_place``), then the hold's
+    and the bid's events appended onto that head in one INSERT. None, with nothing written,
+    for anything the reference path must word (a refusal, a replayed or racing key).
+
+    A tenant with a budget that may apply costs one call more: the function stops once the
+    accounts are locked, ``budget_check`` decides under those locks, and it is called again."""
+    terms = _plain_terms(quantity=quantity, min_quantity=min_quantity, limits=limits)
+    if terms is None or len(key) > 80:
+        return None
+    if campaign is not None and (
+        campaign.tenant_id != tenant.pk or not campaign.starts_at <= now < campaign.ends_at
+    ):
+        return None
+    quantity, min_quantity, clean = terms
+    stamp = timezone.now()
+    budgets_checked = False
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute(
+                _PLACE_SQL,
+                [
+                    round_id, now, stamp, tenant.pk, user.pk,
+                    campaign.pk if campaign is not None else None, quantity, min_quantity,
+                    note, key, list(clean), list(clean.values()), budgets_checked,
+                    MAX_AMOUNT, audit.CHAIN_LOCK_KEY,
+                ],
+            )  # fmt: skip
+            outcome, bid_id, escrow, transfer_id, head_seq, head_hash = cursor.fetchone()
+            if outcome != "budgets" or budgets_checked:
+                break
+            _budget_or_refuse(tenant=tenant, amount=escrow, campaign=campaign, now=now)
+            budgets_checked = True
+    if outcome != "placed":
+        return None
+    bid = Bid(
+        pk=bid_id,
+        tenant=tenant,
+        author=user,
+        round_id=round_id,
+        campaign=campaign,
+        quantity=quantity,
+        min_quantity=min_quantity,
+        escrow=escrow,
+        note=note,
+        idempotency_key=key,
+        created_at=stamp,
+        updated_at=stamp,
+    )
+    bid._state.adding, bid._state.db = False, connection.alias
+    # The same two events as credits_hold's and the reference path's, in the same order.
+    with audit.batch(head=(head_seq, head_hash)):
+        audit.record(
+            actor=user,
+            action=f"ledger.{Transfer.Kind.HOLD}",
+            target=Transfer(pk=transfer_id),
+            tenant=tenant,
+            after={
+                "amount": escrow,
+                "from": f"{tenant.slug}:{Account.Kind.AVAILABLE}",
+                "to": f"{tenant.slug}:{Account.Kind.ESCROW}",
+                "reference": f"bid:{bid_id}",
+                "reason": f"escrow for bid {bid_id} in round {round_id}",
+                "campaign": bid.campaign_id,
+            },
+        )
+        audit.record(
+            actor=user, action="bid.place", target=bid, tenant=tenant, after=_snapshot(bid, clean)
         )
     return bid
 

@@ -50,7 +50,9 @@ def test_another_tenants_bid_goes_through_while_a_bid_is_in_flight_in_the_same_r
 ):
     # Team's bid stops inside its transaction, at its budget check, holding its locks. Rival's
     # bid in the same round commits meanwhile: the round row is shared, not held by one bid.
-    # Under an exclusive round lock it would wait for team's commit.
+    # Under an exclusive round lock it would wait for team's commit. Team has a budget that
+    # never refuses, so its bid does stop at a budget check, on either path of bid_place.
+    budget_set(tenant=team[0], window="day", mode="soft", cap=10**9, actor=None)
     other = rival[0]
     inside, release = threading.Event(), threading.Event()
     check = bids_service.budget_check
