@@ -1,5 +1,5 @@
 """Replaying past rounds under a candidate version: the recorded bids of each round are
-cleared again with the same code the market clears with (``market.services.round_clearing.solve``),
+cleared again by the market's one replay (``market.services.round_clearing.round_replay``),
 against the capacity the round actually offered, and the outcome is set beside what really
 happened. It runs the solver, so it is a service (called by the replay page and the
 ``simulate --replay`` command); nothing is written.
@@ -7,12 +7,8 @@ happened. It runs the solver, so it is a service (called by the replay page and 
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
-from market import clearing
-from market.diagnostics import jain_counting_left_out
 from market.models import Bid, BidLimit, PolicyVersion, Round
 from market.policy.selectors import (
     REPLAYABLE,
@@ -25,7 +21,7 @@ from market.policy.selectors import (
     side_utilisation,
 )
 from market.services.bids import window_seconds
-from market.services.round_clearing import RoundData, solve
+from market.services.round_clearing import RoundData, round_replay
 from tenants.models import Tenant, Transfer
 
 
@@ -93,37 +89,21 @@ def _escrow_when_cleared(bid_ids: np.ndarray) -> np.ndarray:
 
 
 def _replayed_side(rnd: Round, version: PolicyVersion) -> Side:
-    data = recorded_round_data(rnd)
-    try:
-        outcome = solve(data=data, policy=version)
-    except clearing.ClearingError as exc:
-        return Side(version.number, {}, {}, {}, 0, None, None, error=str(exc))
-    gpus = outcome.gpus
-    allocated = {
-        s: int(gpus[:, i].sum()) if gpus.size else 0 for i, s in enumerate(data.tier_slugs)
-    }
-    by_tenant: dict[str, int] = defaultdict(int)
-    if gpus.size:
-        for tenant_id, total in zip(
-            data.tenant_ids.tolist(), gpus.sum(axis=1).tolist(), strict=True
-        ):
-            if total:
-                by_tenant[str(tenant_id)] += int(total)
-    # Counted over the same teams as the round's own figure: those it left out at nothing.
-    diagnostics = outcome.diagnostics or {}
-    diagnostics = diagnostics | jain_counting_left_out(
-        diagnostics,
-        cleared_teams=int(np.unique(data.tenant_ids).size),
+    replayed = round_replay(
+        data=recorded_round_data(rnd),
+        policy=version,
         left_out_teams=int((rnd.diagnostics or {}).get("teams_left_out") or 0),
     )
+    if "error" in replayed:
+        return Side(version.number, {}, {}, {}, 0, None, None, error=replayed["error"])
     return Side(
         policy=version.number,
-        prices=dict(outcome.prices),
-        allocated=allocated,
-        gpus_by_tenant=dict(by_tenant),
-        revenue=outcome.revenue(data) if gpus.size else 0,
-        utilisation=side_utilisation(allocated, rnd.capacities),
-        fairness=side_fairness(diagnostics),
+        prices=dict(replayed["prices"]),
+        allocated=dict(replayed["allocated"]),
+        gpus_by_tenant={t: n for t, n in replayed["gpus_by_tenant"].items() if n},
+        revenue=int(replayed["revenue"]),
+        utilisation=side_utilisation(replayed["allocated"], rnd.capacities),
+        fairness=side_fairness(replayed["diagnostics"]),
     )
 
 

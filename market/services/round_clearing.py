@@ -530,24 +530,34 @@ def _over_hard_caps(rnd: Round, *, now: datetime) -> dict[int, str]:
 
 
 def _shadow(*, rnd: Round, data: RoundData, left_out_teams: int = 0) -> dict[str, Any] | None:
-    """Clear the same bids under the shadow policy (the round's, else the current one) and
-    summarise the outcome for side-by-side comparison. Never touches the ledger; a shadow
-    solver failure is recorded here and does not affect the round."""
+    """The same bids under the shadow policy (the round's, else the current one), for
+    side-by-side comparison; a shadow solver failure is recorded and does not affect the
+    round."""
     if rnd.shadow_policy is None:
         rnd.shadow_policy = PolicyVersion.objects.filter(status=PolicyVersion.Status.SHADOW).first()
     shadow = rnd.shadow_policy
     if shadow is None or shadow.pk == rnd.policy_id:
         return None
+    return _jsonable(round_replay(data=data, policy=shadow, left_out_teams=left_out_teams))
+
+
+def round_replay(
+    *, data: RoundData, policy: PolicyVersion, left_out_teams: int = 0
+) -> dict[str, Any]:
+    """A round's bids cleared again under ``policy``, summarised; nothing is written. The one
+    replay of a clearing: the shadow comparison stores it with the round, the policy replay
+    (market/policy/replay.py) sets it beside what the round did. Fairness counts the
+    ``left_out_teams`` the round left out, as the round's own figure does. A solver error
+    comes back as ``{"error": ...}``, never raised."""
     try:
-        summary = _summary(solve(data=data, policy=shadow), data, shadow)
+        summary = _summary(solve(data=data, policy=policy), data, policy)
     except clearing.ClearingError as exc:
         return {
-            "policy": shadow.pk,
-            "number": shadow.number,
-            "mechanism": shadow.mechanism,
+            "policy": policy.pk,
+            "number": policy.number,
+            "mechanism": policy.mechanism,
             "error": str(exc),
         }
-    # Fairness counts the teams the round left out, as the round's own figure does.
     counted = jain_counting_left_out(
         summary["diagnostics"],
         cleared_teams=int(np.unique(data.tenant_ids).size),
@@ -556,4 +566,4 @@ def _shadow(*, rnd: Round, data: RoundData, left_out_teams: int = 0) -> dict[str
     if counted:
         summary["diagnostics"] = summary["diagnostics"] | counted
         summary["fairness"] = counted[JAIN]
-    return _jsonable(summary)
+    return summary
