@@ -336,14 +336,59 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
+    _environment_set()
+    var = _platform_ready()
+    tokens = _seed(var)
+
+    from django.core.management import call_command
+
+    from telemetry.agent.simulated_backend import spawn_simulated_work
+
+    def _terminate(signum, frame):  # noqa: ARG001 - signal handler signature
+        # `kill` or a supervisor's SIGTERM stops the demo like Ctrl-C: children cleaned up.
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+
+    server = f"http://127.0.0.1:{args.port}"
+    log_dir = var / "logs"
+    log_dir.mkdir(exist_ok=True)
+    children = Children(log_dir=log_dir, env=dict(os.environ))
+    nodes = demo_nodes(var)
+    _processes_start(children, var=var, server=server, nodes=nodes, tokens=tokens)
+    # Work with no allocation behind it: the enforcement loop pauses it within a few ticks.
+    work = [spawn_simulated_work(nodes[1][0], 3, duty=0.4)]
+    stop = threading.Event()
+    jobs = Jobs(spawn=spawn_simulated_work)
+    if not args.no_jobs:
+        threading.Thread(target=_work_loop, args=(stop, jobs, 5.0), daemon=True).start()
+
+    threading.Thread(target=_round_lines, args=(stop,), daemon=True).start()
+    threading.Thread(target=_supervise, args=(stop, children), daemon=True).start()
+    print(_welcome(server=server, log_dir=log_dir), flush=True)
+    try:
+        call_command("runserver", f"127.0.0.1:{args.port}", use_reloader=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        for proc in work:
+            proc.terminate()
+        jobs.stop()
+        children.stop()
+    return 0
+
+
+def _environment_set() -> None:
+    """The demo's settings: development mode, and short periods so a visitor sees rounds
+    clear and enforcement act within minutes. The console shows the logins and a line per
+    round; every request the server answers (the agents post every few seconds) goes to
+    logs/web.log instead (config/settings.py)."""
     os.environ.setdefault("DEBUG", "1")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    # Short periods so a visitor sees rounds clear and enforcement act within minutes.
     os.environ.setdefault("GPUMARKET_ROUND_TICK_SECONDS", "5")
     os.environ.setdefault("GPUMARKET_ENFORCE_SECONDS", "5")
     os.environ.setdefault("GPUMARKET_PREEMPT_GRACE_SECONDS", "10")
-    # The console shows the logins and a line per round; every request the server answers
-    # (the agents post every few seconds) goes to logs/web.log instead (config/settings.py).
     var_dir = Path(
         os.environ.get("GPUMARKET_VAR_DIR", Path(__file__).resolve().parent.parent / "var")
     )
@@ -351,6 +396,9 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("GPUMARKET_WEB_LOG", str(var_dir / "logs" / "web.log"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s demo: %(message)s")
 
+
+def _platform_ready() -> Path:
+    """Django set up, the database migrated; the var directory it keeps its files in."""
     import django
     from django.conf import settings
     from django.core.management import call_command
@@ -369,24 +417,19 @@ def main(argv: list[str]) -> int:
     var = Path(settings.VAR_DIR)
     var.mkdir(parents=True, exist_ok=True)
     call_command("migrate", interactive=False, verbosity=0)
-    tokens = _seed(var)
+    return var
 
-    from telemetry.agent.simulated_backend import spawn_simulated_work
 
-    def _terminate(signum, frame):  # noqa: ARG001 - signal handler signature
-        # `kill` or a supervisor's SIGTERM stops the demo like Ctrl-C: children cleaned up.
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _terminate)
-
-    server = f"http://127.0.0.1:{args.port}"
-    env = dict(os.environ)
-    log_dir = var / "logs"
-    log_dir.mkdir(exist_ok=True)
-    children = Children(log_dir=log_dir, env=env)
-    start = children.start
-
-    start(
+def _processes_start(
+    children: Children,
+    *,
+    var: Path,
+    server: str,
+    nodes: tuple[tuple[str, str, int], ...],
+    tokens: dict[str, str],
+) -> None:
+    """The worker (with beat embedded) and one simulated agent per node."""
+    children.start(
         "worker",
         [
             sys.executable,
@@ -406,9 +449,8 @@ def main(argv: list[str]) -> int:
             str(var / "celerybeat-schedule"),
         ],
     )
-    nodes = demo_nodes(var)
     for node_name, _tier, gpus in nodes:
-        start(
+        children.start(
             f"agent-{node_name}",
             [
                 sys.executable,
@@ -428,16 +470,10 @@ def main(argv: list[str]) -> int:
             ],
             {"GPUMARKET_NODE_TOKEN": tokens[node_name]},
         )
-    # Work with no allocation behind it: the enforcement loop pauses it within a few ticks.
-    work = [spawn_simulated_work(nodes[1][0], 3, duty=0.4)]
-    stop = threading.Event()
-    jobs = Jobs(spawn=spawn_simulated_work)
-    if not args.no_jobs:
-        threading.Thread(target=_work_loop, args=(stop, jobs, 5.0), daemon=True).start()
 
-    threading.Thread(target=_round_lines, args=(stop,), daemon=True).start()
-    threading.Thread(target=_supervise, args=(stop, children), daemon=True).start()
-    print(
+
+def _welcome(*, server: str, log_dir: Path) -> str:
+    return (
         "\ngpumarket demo (SIMULATED nodes; no GPU is used)\n"
         f"  site:    {server}\n"
         f"  admin:   {ADMIN[0]} / {ADMIN[1]}  (platform admin)\n"
@@ -446,17 +482,5 @@ def main(argv: list[str]) -> int:
             for name, _w, _c, members in TENANTS
             for u, role in members
         )
-        + f"  logs:    {log_dir}\n  Ctrl-C stops everything.\n",
-        flush=True,
+        + f"  logs:    {log_dir}\n  Ctrl-C stops everything.\n"
     )
-    try:
-        call_command("runserver", f"127.0.0.1:{args.port}", use_reloader=False)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stop.set()
-        for proc in work:
-            proc.terminate()
-        jobs.stop()
-        children.stop()
-    return 0
