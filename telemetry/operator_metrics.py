@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from market.models import Allocation, Bid, PolicyVersion, Round, Tier
-from telemetry.efficiency import team_use_trailing
+from telemetry.efficiency.selectors import team_use_trailing
 from telemetry.metrics import _Family
 from telemetry.models import Gpu, ProcessObservation, Sample
 from tenants.models import Account, Tenant, Transfer

@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 
 from telemetry import views
 
@@ -9,4 +9,5 @@ urlpatterns = [
     path("allocations/", views.allocation_list, name="allocation_list"),
     path("allocations/live/", views.allocations_live, name="allocations_live"),
     path("allocations/<int:pk>/", views.allocation_detail, name="allocation_detail"),
+    path("efficiency/", include("telemetry.efficiency.urls")),
 ]

@@ -1,4 +1,4 @@
-"""GPU-hours paid vs used, idle spend, energy and cost per used GPU-hour (telemetry/efficiency.py)."""
+"""GPU-hours paid vs used, idle spend, energy and cost per used GPU-hour (telemetry/efficiency)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from market.models import Allocation, Reclaim
-from telemetry.efficiency import (
+from telemetry.efficiency.selectors import (
     allocations_use,
     efficiency_by_campaign,
     efficiency_by_day,
@@ -205,3 +205,64 @@ def test_trailing_hours_are_clipped_to_the_period(world):
     # Only the last 30 minutes of the window fall in the hour before 13:30.
     assert trailing[team.pk].paid_hours == pytest.approx(1.0)
     assert trailing[team.pk].used_hours == pytest.approx(0.5)
+
+
+@pytest.fixture
+def recent(tier, node):
+    """Vision's hour that ended an hour ago, on one GPU at 25 %: 1,000 spent, 750 idle."""
+    from django.utils import timezone
+
+    team = factories.tenant(name="Vision", credits=100_000)
+    [gpu] = _gpus(node, tier, 1)
+    start = timezone.now().replace(second=0, microsecond=0) - timedelta(hours=2)
+    alloc = _placed(
+        allocation_make(
+            tenant=team, tier=tier, gpus=1, starts_at=start, ends_at=start + timedelta(hours=1)
+        ),
+        [gpu],
+    )
+    _charged(team, alloc)
+    _minutes(gpu, start, 60, 25.0)
+    return team
+
+
+def test_the_pages_scope_to_the_callers_team_and_refuse_bad_filters(recent, client):
+    team = recent
+    other = factories.tenant(name="Speech", credits=10_000)
+    theirs = campaign_create(
+        tenant=other,
+        name="theirs",
+        starts_at=START - timedelta(days=1),
+        ends_at=START + timedelta(days=1),
+        actor=None,
+    )
+    client.force_login(factories.member(tenant=team))
+    response = client.get("/fleet/efficiency/")
+    assert response.status_code == 200
+    assert response.context["total"].idle_spend == 750
+    assert "theirs" not in response.content.decode()
+    for query, field in (
+        ("days=0", "days"),
+        ("days=91", "days"),
+        ("days=soon", "days"),
+        (f"campaign={theirs.pk}", "campaign"),
+        ("campaign=x", "campaign"),
+    ):
+        response = client.get(f"/fleet/efficiency/?{query}")
+        assert response.status_code == 400, query
+        assert list(response.context["form"].errors) == [field], query
+    assert client.get("/fleet/efficiency/teams/").status_code == 403
+    client.force_login(factories.member(tenant=other))
+    response = client.get("/fleet/efficiency/?days=90")
+    assert response.context["total"].allocations == 0
+    assert "Vision" not in response.content.decode()
+
+
+def test_the_staff_ranking_is_for_staff(recent, client):
+    client.force_login(factories.admin_user(username="ops"))
+    response = client.get("/fleet/efficiency/teams/?days=2")
+    assert response.status_code == 200
+    assert [(t.name, totals.idle_spend) for t, totals in response.context["ranking"]] == [
+        ("Vision", 750)
+    ]
+    assert client.get("/fleet/efficiency/teams/?days=-1").status_code == 400

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, date, datetime, timedelta
 
 from django.db import connection
@@ -40,6 +40,7 @@ __all__ = [
     "efficiency_by_campaign",
     "efficiency_by_day",
     "efficiency_totals",
+    "efficiency_totals_sum",
     "team_use_trailing",
     "teams_by_idle_spend",
 ]
@@ -98,6 +99,10 @@ class EfficiencyTotals:
             self.unmeasured_spend += use.spend
 
     @property
+    def measured_spend(self) -> int:
+        return self.spend - self.unmeasured_spend
+
+    @property
     def used_pct(self) -> float | None:
         """Used share of the measured paid GPU-hours, percent."""
         if self.measured_paid_hours <= 0:
@@ -109,7 +114,7 @@ class EfficiencyTotals:
         """Measured spend per GPU-hour actually used, milli-credits (None if nothing used)."""
         if self.used_hours <= 0:
             return None
-        return round((self.spend - self.unmeasured_spend) / self.used_hours)
+        return round(self.measured_spend / self.used_hours)
 
 
 def _allocations(*, since: datetime, until: datetime, tenant: Tenant | None, now: datetime):
@@ -242,6 +247,15 @@ def efficiency_totals(uses: Iterable[AllocationUse]) -> EfficiencyTotals:
     for use in uses:
         totals.add(use)
     return totals
+
+
+def efficiency_totals_sum(parts: Iterable[EfficiencyTotals]) -> EfficiencyTotals:
+    """Totals of totals (a period's days, the teams of a ranking)."""
+    total = EfficiencyTotals()
+    for part in parts:
+        for f in fields(EfficiencyTotals):
+            setattr(total, f.name, getattr(total, f.name) + getattr(part, f.name))
+    return total
 
 
 def _period(days: int, now: datetime | None) -> tuple[datetime, datetime, datetime]:
