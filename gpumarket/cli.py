@@ -25,6 +25,9 @@ USAGE = """usage: gpumarket COMMAND [ARGS]
                   (`gpumarket order --help`)
   clear FILE      clear an auction instance (JSON) and print the result as JSON
   simulate        replay a job trace or past rounds under a policy (what-if)
+  forecast --history HISTORY.csv --horizon HOURS --out FORECAST.csv
+                  forecast hourly GPU-hours per tier (P10/P50/P90) from a CSV history, with
+                  the model planning picks by backtest
   plan FILE       run a capacity scenario (tier changes, options to buy or rent) and print
                   the forecast, the replay and the recommendation as JSON
   verify-ledger   check every ledger invariant; non-zero exit names what is wrong
@@ -45,6 +48,10 @@ def _pure(command: str, argv: list[str]) -> int | None:
         from gpumarket.demo import main as demo_main
 
         return demo_main(argv)
+    if command == "forecast":
+        from gpumarket.forecast_cli import main as forecast_main
+
+        return forecast_main(argv)
     if command == "order":
         from gpumarket.order_cli import main as order_main
 

@@ -1,0 +1,108 @@
+"""The planning forecast: statsmodels candidates picked by a rolling-origin backtest, with
+P10/P50/P90, on series whose answer is known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planning.forecast import (
+    ETS,
+    MSTL,
+    SEASONAL_NAIVE,
+    backtest_scores,
+    demand_forecast,
+    model_forecast,
+)
+
+DAY, WEEK = 24, 168
+
+
+def weekly_pattern(weeks: int) -> np.ndarray:
+    """Weekdays 20 GPUs from 08:00 to 18:00 and 8 otherwise; weekends 3."""
+    t = np.arange(weeks * WEEK)
+    weekday = (t // DAY) % 7 < 5
+    office = (t % DAY >= 8) & (t % DAY < 18)
+    return np.where(weekday, np.where(office, 20.0, 8.0), 3.0)
+
+
+def growing(weeks: int, *, seed: int = 3) -> np.ndarray:
+    """A tier that triples over the history, with the weekly pattern on top and noise."""
+    t = np.arange(weeks * WEEK)
+    rng = np.random.default_rng(seed)
+    return np.maximum(5 + 10 * t / len(t) + weekly_pattern(weeks) + rng.normal(0, 1.5, len(t)), 0)
+
+
+def test_the_backtest_scores_each_origin_on_rounds_its_fit_never_saw():
+    # A pattern that repeats every week: the seasonal-naive rule is exact at every origin.
+    history = weekly_pattern(5)
+    exact = {s.horizon: s for s in backtest_scores(history, rounds_per_day=DAY,
+                                                   models=[SEASONAL_NAIVE])}  # fmt: skip
+    assert exact["1 day"].wape_pct == 0 and exact["1 week"].wape_pct == 0
+    assert exact["1 day"].origins == 3 and "4 weeks" not in exact  # needs six weeks
+    # Change only the last day: the fit from the origin a day before is the same, so the
+    # 1-day error is exactly 7 GPUs in each of the last 24 rounds, over the 3 days scored.
+    changed = history.copy()
+    changed[-DAY:] += 7
+    moved = {s.horizon: s for s in backtest_scores(changed, rounds_per_day=DAY,
+                                                   models=[SEASONAL_NAIVE])}  # fmt: skip
+    scored_days = [changed[-DAY:], history[-8 * DAY : -7 * DAY], history[-15 * DAY : -14 * DAY]]
+    assert moved["1 day"].wape_pct == pytest.approx(
+        100 * 7 * DAY / sum(float(d.sum()) for d in scored_days)
+    )
+
+
+def test_weekends_are_seen_and_the_exact_weekly_rule_is_kept_on_a_tie():
+    history = weekly_pattern(3)
+    forecast = demand_forecast(history, horizon=WEEK, rounds_per_day=DAY)
+    # The history ends on a Sunday night; the next week starts on Monday like the first.
+    assert forecast.p50 == pytest.approx(tuple(weekly_pattern(1)), abs=1e-6)
+    saturday_noon = 5 * DAY + 12
+    assert forecast.p50[saturday_noon] == pytest.approx(3.0, abs=1e-6)
+    assert forecast.model == SEASONAL_NAIVE and forecast.season == "weekly"
+
+
+def test_a_growing_tier_is_forecast_near_its_next_two_weeks():
+    series = growing(14)
+    history, truth = series[: 12 * WEEK], series[12 * WEEK :]
+    forecast = demand_forecast(history, horizon=2 * WEEK, rounds_per_day=DAY)
+    assert forecast.model in (ETS, MSTL)  # the trend beats last week's copy
+    for week in (0, 1):
+        span = slice(week * WEEK, (week + 1) * WEEK)
+        assert sum(forecast.p50[span]) == pytest.approx(float(truth[span].sum()), rel=0.1)
+    chosen = forecast.score(forecast.model, "4 weeks")
+    naive = forecast.score(SEASONAL_NAIVE, "4 weeks")
+    assert chosen.origins == 3 and chosen.wape_pct < naive.wape_pct
+    assert chosen.mase is not None and naive.mase is not None
+    # The band: ordered, and about four in five of the next fortnight's hours inside it.
+    low, mid, high = (np.asarray(q) for q in (forecast.p10, forecast.p50, forecast.p90))
+    assert np.all(low <= mid) and np.all(mid <= high) and np.all(low >= 0)
+    inside = float(np.mean((truth >= low) & (truth <= high)))
+    assert 0.6 <= inside <= 0.97
+
+
+@pytest.mark.parametrize(
+    ("rounds", "words"),
+    [
+        (0, "no demand history"),
+        (3 * DAY, "only 3.0 days of history: a weekly pattern needs two weeks"),
+        (20 * DAY, "the 4-week backtest needs six weeks"),
+    ],
+)
+def test_short_history_gives_a_warning_not_a_silent_answer(rounds, words):
+    forecast = demand_forecast(weekly_pattern(3)[:rounds], horizon=WEEK, rounds_per_day=DAY)
+    assert words in forecast.warning
+    assert len(forecast.p50) == len(forecast.p10) == len(forecast.p90) == WEEK
+    if rounds == 0:
+        assert forecast.p50 == (0.0,) * WEEK and forecast.model == ""
+
+
+def test_every_candidate_forecasts_the_horizon_asked_for():
+    history = growing(3)
+    for model in (SEASONAL_NAIVE, ETS, MSTL):
+        ahead = model_forecast(model, history, horizon=30, day=DAY)
+        assert ahead.shape == (30,) and np.all(np.isfinite(ahead))
+    with pytest.raises(ValueError, match="unknown forecast model"):
+        model_forecast("prophet", history, horizon=3, day=DAY)
+    with pytest.raises(ValueError, match="horizon must be at least 1"):
+        demand_forecast(history, horizon=0, rounds_per_day=DAY)
