@@ -93,3 +93,31 @@ def tradeoff(points: Sequence[Mapping], *, chosen_pct: float) -> go.Figure:
         **_LAYOUT,
     )
     return fig
+
+
+def demand_forecast(forecast: Mapping[str, Mapping]) -> go.Figure:
+    """Per tier: forecast demand in GPUs (P50, declared campaigns included) with its P10-P90
+    band shaded, over the horizon's replayed rounds. One legend entry per tier; the band
+    belongs to the tier's legend group."""
+    fig = go.Figure()
+    for i, (slug, series) in enumerate(sorted(forecast.items())):
+        colour = _COLOURS[i % len(_COLOURS)]
+        x = series.get("starts") or []
+        common = {"x": x, "legendgroup": slug, "mode": "lines"}
+        fig.add_trace(
+            go.Scatter(y=series["p10"], name=f"{slug} P10", showlegend=False,
+                       line={"width": 0, "color": colour}, hoverinfo="skip", **common)
+        )  # fmt: skip
+        fig.add_trace(
+            go.Scatter(y=series["p90"], name=f"{slug} P10-P90", showlegend=False, fill="tonexty",
+                       line={"width": 0, "color": colour}, opacity=0.25, **common)
+        )  # fmt: skip
+        fig.add_trace(go.Scatter(y=series["p50"], name=slug, line={"color": colour}, **common))
+    fig.update_layout(
+        title={"text": "Forecast demand per round: P50 line, P10-P90 shaded"},
+        xaxis={"title": "Round start"},
+        yaxis={"title": "GPUs", "rangemode": "tozero"},
+        height=380,
+        **_LAYOUT,
+    )
+    return fig

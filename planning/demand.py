@@ -1,5 +1,6 @@
-"""Demand per tier per future round: the history's forecast plus the campaigns teams declared;
-and a backtest that says how far the history part can be trusted. Pure, no Django.
+"""Demand per tier per future round: the history's forecast (planning/forecast.py, with its
+backtest and P10/P50/P90) plus the campaigns teams declared, as known future demand. Pure, no
+Django.
 
 History is one number per past round (GPUs bid on the tier), oldest first, as
 market.forecast_selectors gives it. A declared campaign of G GPU-hours between two times
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from market.forecast import Forecast, demand_forecast
+from planning.forecast import DemandForecast, demand_forecast
 
 
 @dataclass(frozen=True)
@@ -39,18 +40,30 @@ class CampaignLoad:
 
 @dataclass(frozen=True)
 class TierDemand:
-    """One tier's demand over the future rounds: ``history`` (the forecast's mean) and
-    ``campaigns`` (declared, per tenant) per round; ``total`` is their sum."""
+    """One tier's demand over the future rounds: ``history`` (the forecast's P50) and
+    ``campaigns`` (declared, per tenant) per round; ``total`` is their sum. The campaigns are
+    known, so they add to every quantile: ``p10`` and ``p90`` of the total."""
 
     tier: str
     starts_at: tuple[datetime, ...]
     history: tuple[float, ...]
     campaigns: tuple[dict[str, float], ...]
-    forecast: Forecast
+    forecast: DemandForecast
 
     @property
     def total(self) -> tuple[float, ...]:
         return tuple(h + sum(c.values()) for h, c in zip(self.history, self.campaigns, strict=True))
+
+    @property
+    def p10(self) -> tuple[float, ...]:
+        return self._with_campaigns(self.forecast.p10)
+
+    @property
+    def p90(self) -> tuple[float, ...]:
+        return self._with_campaigns(self.forecast.p90)
+
+    def _with_campaigns(self, base: Sequence[float]) -> tuple[float, ...]:
+        return tuple(b + sum(c.values()) for b, c in zip(base, self.campaigns, strict=True))
 
 
 def campaign_gpus(
@@ -72,15 +85,15 @@ def tier_demand(
     history: Sequence[float],
     starts_at: Sequence[datetime],
     round_length: timedelta,
-    season_length: int,
+    rounds_per_day: int,
     campaigns: Sequence[CampaignLoad] = (),
 ) -> TierDemand:
     """The next ``len(starts_at)`` rounds of ``tier``: forecast from ``history`` plus the
-    declared campaigns. With too little history the forecast part is 0 (``forecast.reason``
-    says why) and only the campaigns count."""
+    declared campaigns. With no history the forecast part is 0 (``forecast.warning`` says
+    so) and only the campaigns count."""
     horizon = len(starts_at)
-    forecast = demand_forecast(history, horizon=horizon, season_length=season_length)
-    base = forecast.mean if forecast.mean else (0.0,) * horizon
+    forecast = demand_forecast(history, horizon=horizon, rounds_per_day=rounds_per_day)
+    base = forecast.p50
     per_round = tuple(
         {
             c.tenant: gpus
@@ -95,47 +108,4 @@ def tier_demand(
         history=tuple(float(x) for x in base),
         campaigns=per_round,
         forecast=forecast,
-    )
-
-
-@dataclass(frozen=True)
-class Backtest:
-    """The forecast scored on rounds it did not see. ``mape_pct`` is over the held-out rounds
-    with demand above zero (a percentage error of a zero is undefined); None, with ``reason``,
-    when there is nothing to score."""
-
-    holdout: int
-    trained_on: int
-    actual: tuple[float, ...] = ()
-    predicted: tuple[float, ...] = ()
-    mape_pct: float | None = None
-    mae: float | None = None
-    reason: str = ""
-
-
-def backtest(history: Sequence[float], *, season_length: int, holdout: int) -> Backtest:
-    """Fit on all but the last ``holdout`` rounds, forecast those, and score the forecast."""
-    if holdout < 1:
-        raise ValueError("holdout must be at least 1")
-    seen, unseen = list(history[:-holdout]), [float(x) for x in history[-holdout:]]
-    if len(history) <= holdout:
-        return Backtest(
-            holdout=holdout,
-            trained_on=0,
-            reason=f"needs more than {holdout} rounds of history to hold {holdout} out",
-        )
-    forecast = demand_forecast(seen, horizon=holdout, season_length=season_length)
-    if not forecast.mean:
-        return Backtest(holdout=holdout, trained_on=len(seen), reason=forecast.reason)
-    predicted = tuple(float(x) for x in forecast.mean)
-    errors = [abs(p - a) for p, a in zip(predicted, unseen, strict=True)]
-    scored = [abs(p - a) / a for p, a in zip(predicted, unseen, strict=True) if a > 0]
-    return Backtest(
-        holdout=holdout,
-        trained_on=len(seen),
-        actual=tuple(unseen),
-        predicted=predicted,
-        mape_pct=100 * sum(scored) / len(scored) if scored else None,
-        mae=sum(errors) / len(errors),
-        reason="" if scored else "every held-out round had zero demand: no percentage error",
     )

@@ -86,6 +86,63 @@ def _limit(bidders: Bidders, tenant: str, priority: int = 2) -> int:
     return max(1, int(base * PRIORITY_PRICE.get(priority, 1.0)))
 
 
+def round_quotas(
+    quotas: Mapping[str, Mapping[str, float]] | str | None, *, tenants: set[str], tiers: set[str]
+) -> Mapping[str, Mapping[str, float]] | str:
+    """The policy's reserved quotas for one replayed round: "by_weight" as is, a table kept to
+    the round's bidding tenants and the scenario's tiers (the clearing refuses names it does
+    not hold)."""
+    if not quotas:
+        return {}
+    if isinstance(quotas, str):
+        return quotas
+    return {
+        tenant: {tier: gpus for tier, gpus in row.items() if tier in tiers}
+        for tenant, row in quotas.items()
+        if tenant in tenants and isinstance(row, Mapping)
+    }
+
+
+def _round_bids(
+    r: int,
+    *,
+    tiers: Sequence[ReplayTier],
+    demand: Mapping[str, TierDemand],
+    bidders: Mapping[str, Bidders],
+    priorities: Mapping[tuple[str, str], int],
+    carry: dict[tuple[str, str], float],
+) -> tuple[list[clearing.Bid], dict[str, float]]:
+    """Round ``r``'s bids (one per tenant and tier, whole GPUs, fractions carried) and the
+    GPUs asked for per tier."""
+    bids: list[clearing.Bid] = []
+    asked: dict[str, float] = {}
+    for tier in tiers:
+        want: dict[str, float] = defaultdict(float)
+        d = demand.get(tier.slug)
+        if d is not None:
+            for tenant, share in bidders[tier.slug].shares.items():
+                want[tenant] += d.history[r] * share
+            for tenant, gpus in d.campaigns[r].items():
+                want[tenant] += gpus
+        asked[tier.slug] = sum(want.values())
+        for tenant, gpus in sorted(want.items()):
+            total = gpus + carry[(tenant, tier.slug)]
+            whole = math.floor(total)
+            carry[(tenant, tier.slug)] = total - whole
+            if whole < 1:
+                continue
+            price = _limit(bidders[tier.slug], tenant, priorities.get((tenant, tier.slug), 2))
+            bids.append(
+                clearing.Bid(
+                    id=f"{tier.slug}:{tenant}",
+                    tenant=tenant,
+                    quantity=whole,
+                    limits={tier.slug: price},
+                )
+            )
+    return bids, asked
+
+
 def replay(
     *,
     tiers: Sequence[ReplayTier],
@@ -94,6 +151,7 @@ def replay(
     priorities: Mapping[tuple[str, str], int] | None = None,
     mechanism: str = "welfare",
     params: Mapping | None = None,
+    quotas: Mapping[str, Mapping[str, float]] | str | None = None,
     round_hours: float,
     stride: int = 1,
     progress: Callable[[int, int], None] | None = None,
@@ -101,8 +159,8 @@ def replay(
     """Clear every ``stride``-th future round of ``demand`` with ``tiers``.
 
     ``priorities`` maps (tenant, tier) to the highest priority of that tenant's campaigns on
-    the tier. Raises clearing.ClearingError if the solver does."""
-    priorities = priorities or {}
+    the tier; ``quotas`` is the policy's ``reserved_quotas``. Raises clearing.ClearingError
+    if the solver does."""
     horizon = min(len(d.starts_at) for d in demand.values()) if demand else 0
     indices = list(range(0, horizon, max(1, stride)))
     result = ReplayResult(
@@ -124,41 +182,19 @@ def replay(
     )
     reserves = {t.slug: t.reserve for t in tiers}
     for done, r in enumerate(indices, start=1):
-        bids: list[clearing.Bid] = []
-        tenants: set[str] = set()
-        asked: dict[str, float] = {}
-        for tier in tiers:
-            want: dict[str, float] = defaultdict(float)
-            d = demand.get(tier.slug)
-            if d is not None:
-                for tenant, share in bidders[tier.slug].shares.items():
-                    want[tenant] += d.history[r] * share
-                for tenant, gpus in d.campaigns[r].items():
-                    want[tenant] += gpus
-            asked[tier.slug] = sum(want.values())
-            for tenant, gpus in sorted(want.items()):
-                total = gpus + carry[(tenant, tier.slug)]
-                whole = math.floor(total)
-                carry[(tenant, tier.slug)] = total - whole
-                if whole < 1:
-                    continue
-                price = _limit(bidders[tier.slug], tenant, priorities.get((tenant, tier.slug), 2))
-                bids.append(
-                    clearing.Bid(
-                        id=f"{tier.slug}:{tenant}",
-                        tenant=tenant,
-                        quantity=whole,
-                        limits={tier.slug: price},
-                    )
-                )
-                tenants.add(tenant)
+        bids, asked = _round_bids(
+            r, tiers=tiers, demand=demand, bidders=bidders, priorities=priorities or {},
+            carry=carry,
+        )  # fmt: skip
         allocated: dict[str, int] = defaultdict(int)
-        prices = {t.slug: t.reserve for t in tiers}
+        prices = dict(reserves)
         if bids:
+            tenants = {b.tenant for b in bids}
             instance = clearing.Instance(
                 tiers=solver_tiers,
                 tenants=tuple(clearing.Tenant(name=t) for t in sorted(tenants)),
                 bids=tuple(bids),
+                quotas=round_quotas(quotas, tenants=tenants, tiers=set(reserves)),
             )
             cleared = clearing.clear(instance, mechanism=mechanism, params=params or None)
             prices = {

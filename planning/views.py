@@ -9,13 +9,11 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.template.defaultfilters import pluralize
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from core.auth import staff_required
 from core.charts import figure_html
 from core.errors import DomainError
-from market.forecast import MIN_ROUNDS
 from market.models import Tier
 from planning import charts
 from planning.forms import PlannedCampaignForm, ScenarioForm
@@ -113,21 +111,19 @@ def example_document() -> dict:
     }
 
 
-def _backtest_rows(backtest: dict, history_rounds: int) -> list[tuple[str, dict, str]]:
-    """(tier, backtest, why there is no error figure): a backtest fits on all but its held-out
-    rounds, so "needs at least 3; there were 2" beside "3 rounds of history" is said whole."""
-    rows = []
-    for slug, b in sorted(backtest.items()):
-        why = b.get("reason") or ""
-        trained, holdout = b.get("trained_on", 0), b.get("holdout", 0)
-        if b.get("mape_pct") is None and trained < MIN_ROUNDS:
-            why = (
-                f"the backtest holds out the last {holdout} round{pluralize(holdout)} and fits "
-                f"on the rest, so it needs {MIN_ROUNDS + holdout} settled rounds; there "
-                f"{'is' if history_rounds == 1 else 'are'} {history_rounds}"
-            )
-        rows.append((slug, b, why))
-    return rows
+def _backtest_rows(backtest: dict) -> list[dict]:
+    """Per tier: the chosen model, its error beside the seasonal-naive rule's per horizon,
+    and the warning when the history is too short to score it."""
+    return [
+        {
+            "tier": slug,
+            "label": b.get("label", ""),
+            "season": b.get("season", ""),
+            "warning": b.get("warning", ""),
+            "horizons": b.get("beside_baseline", []),
+        }
+        for slug, b in sorted(backtest.items())
+    ]
 
 
 @require_http_methods(["GET", "POST"])
@@ -172,9 +168,11 @@ def scenario_detail(request: HttpRequest, pk: int) -> HttpResponse:
         context["tradeoff_chart"] = figure_html(
             charts.tradeoff(results["tradeoff"], chosen_pct=target), element_id="tradeoff-chart"
         )
-        context["backtest_rows"] = _backtest_rows(
-            results.get("backtest", {}), results.get("history_rounds", 0)
-        )
+        context["backtest_rows"] = _backtest_rows(results.get("backtest", {}))
+        if results.get("forecast"):
+            context["forecast_chart"] = figure_html(
+                charts.demand_forecast(results["forecast"]), element_id="forecast-chart"
+            )
         feasible = [p["cost"] for p in results.get("tradeoff", []) if p.get("cost") is not None]
         # The curve is worth drawing only with a cost on it; a flat zero or nothing reads empty.
         context["tradeoff_state"] = "costs" if any(feasible) else "free" if feasible else "none"

@@ -12,7 +12,8 @@ import logging
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import asdict
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,13 +24,14 @@ from django.utils import timezone
 
 import audit.services as audit
 from market import clearing
-from market.forecast import rounds_per_day
-from market.forecast_selectors import tier_demand_history
+from market.forecast_selectors import TierHistory, tier_demand_history
 from market.models import Bid, BidLimit, PolicyVersion, Tier
 from market.selectors import policy_active_get
 from market.services.policy import PLATFORM_PARAMS
-from planning.demand import CampaignLoad, TierDemand, backtest, tier_demand
+from market.services.round_clearing import QUOTAS_PARAM
+from planning.demand import CampaignLoad, TierDemand, tier_demand
 from planning.errors import PlanningError
+from planning.forecast import HORIZON_DAYS, SEASONAL_NAIVE
 from planning.models import PlannedCampaign, Scenario
 from planning.recommend import (
     RecommendError,
@@ -38,7 +40,7 @@ from planning.recommend import (
     recommend,
     tradeoff_curve,
 )
-from planning.replay import Bidders, ReplayTier, replay, weekly
+from planning.replay import Bidders, ReplayResult, ReplayTier, replay, weekly
 from planning.scenario import ScenarioDoc, ScenarioError, scenario_parse
 from telemetry.models import SampleMinute
 
@@ -52,7 +54,8 @@ POWER_DAYS = 7
 
 
 def _tiers_known(doc: ScenarioDoc) -> None:
-    existing = set(Tier.objects.filter(active=True).values_list("slug", flat=True))
+    offered = {t.slug: t.offered for t in Tier.objects.filter(active=True)}
+    existing = set(offered)
     new = {c.tier for c in doc.changes if c.new}
     clash = sorted(new & existing)
     if clash:
@@ -63,6 +66,13 @@ def _tiers_known(doc: ScenarioDoc) -> None:
         raise PlanningError(
             f"unknown tier {', '.join(unknown)}; tiers on offer: {', '.join(sorted(existing))}"
         )
+    for i, change in enumerate(doc.changes):
+        if not change.new and offered[change.tier] + change.add_gpus < 0:
+            have = offered[change.tier]
+            raise PlanningError(
+                f"changes[{i}].add_gpus: tier {change.tier} has {have} GPUs; "
+                f"at most {have} can be retired (add_gpus >= -{have})"
+            )
 
 
 @transaction.atomic
@@ -222,138 +232,304 @@ def _replay_tiers(
     return out
 
 
-def scenario_results(doc: ScenarioDoc, *, now: datetime, progress=None) -> dict:
-    """Everything the scenario page shows, as JSON (money in milli-credits)."""
+@dataclass(frozen=True)
+class _Setting:
+    """The active policy as a run reads it, and the run's shape in rounds."""
+
+    policy: PolicyVersion | None
+    round_minutes: int
+    mechanism: str
+    params: dict[str, Any]
+    quotas: Mapping[str, Mapping[str, float]] | str | None
+    rounds_per_day: int
+    horizon: int  # future rounds
+    stride: int
+
+    @property
+    def step(self) -> timedelta:
+        return timedelta(minutes=self.round_minutes)
+
+    @property
+    def rounds_per_week(self) -> int:
+        return 7 * self.rounds_per_day
+
+
+def _setting(doc: ScenarioDoc) -> _Setting:
+    """The policy's round length, mechanism and parameters. Reserved quotas are not a
+    mechanism parameter: the clearing takes them beside the instance, as round clearing does."""
     policy = policy_active_get()
     round_minutes = policy.round_minutes if policy else 60
-    mechanism = policy.mechanism if policy else "welfare"
-    params = (
-        {
-            k: v
-            for k, v in (policy.params or {}).items()
-            if k != "quotas" and k not in PLATFORM_PARAMS
-        }
-        if policy
-        else {}
+    params = {
+        k: v for k, v in ((policy.params or {}) if policy else {}).items()
+        if k not in PLATFORM_PARAMS
+    }  # fmt: skip
+    quotas = params.pop(QUOTAS_PARAM, None)
+    per_day = max(1, (24 * 60) // round_minutes)
+    horizon = doc.horizon_weeks * 7 * per_day
+    return _Setting(
+        policy=policy,
+        round_minutes=round_minutes,
+        mechanism=policy.mechanism if policy else "welfare",
+        params=params,
+        quotas=quotas,
+        rounds_per_day=per_day,
+        horizon=horizon,
+        stride=max(1, math.ceil(horizon / MAX_REPLAYED)),
     )
-    step = timedelta(minutes=round_minutes)
-    season = rounds_per_day(round_minutes)
-    rounds_per_week = 7 * season
-    horizon = doc.horizon_weeks * rounds_per_week
-    stride = max(1, math.ceil(horizon / MAX_REPLAYED))
-    tiers = list(Tier.objects.filter(active=True).order_by("slug"))
-    slugs = [t.slug for t in tiers]
-    history = tier_demand_history(tier_slugs=slugs, rounds=HISTORY_ROUNDS)
-    any_history = next(iter(history.values()), None)
+
+
+def _future_starts(
+    history: Mapping[str, TierHistory], setting: _Setting, now: datetime
+) -> list[datetime]:
+    """The horizon's round starts: from the round after the history's last (else the next
+    hour)."""
+    some = next(iter(history.values()), None)
     first = (
-        any_history.starts_at[-1] + step
-        if any_history and any_history.starts_at
+        some.starts_at[-1] + setting.step
+        if some and some.starts_at
         else now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     )
-    starts = [first + i * step for i in range(horizon)]
-    campaigns = _campaign_loads(now)
-    new_slugs = [c.tier for c in doc.changes if c.new]
-    demand: dict[str, TierDemand] = {
+    return [first + i * setting.step for i in range(setting.horizon)]
+
+
+def _demand(
+    slugs: list[str],
+    history: Mapping[str, TierHistory],
+    *,
+    starts: list[datetime],
+    setting: _Setting,
+    campaigns: list[CampaignLoad],
+) -> dict[str, TierDemand]:
+    """Every tier's forecast demand (a new tier has no history: its campaigns only)."""
+    return {
         slug: tier_demand(
             tier=slug,
             history=history[slug].demand if slug in history else [],
             starts_at=starts,
-            round_length=step,
-            season_length=season,
+            round_length=setting.step,
+            rounds_per_day=setting.rounds_per_day,
             campaigns=campaigns,
         )
-        for slug in slugs + new_slugs
+        for slug in slugs
     }
-    rounds = any_history.rounds if any_history else []
+
+
+def _bidders_all(
+    doc: ScenarioDoc, slugs: list[str], rounds: list[int], setting: _Setting
+) -> dict[str, Bidders]:
+    """Who bids on each tier and at what limit; a new tier's bidders bid the highest typical
+    limit (or its reserve), and a tier nobody bid on lately twice its reserve (at least 1)."""
+    new_slugs = [c.tier for c in doc.changes if c.new]
     bidders = _bidders(slugs + new_slugs, rounds)
-    for slug in new_slugs:
-        change = next(c for c in doc.changes if c.tier == slug)
+    for change in (c for c in doc.changes if c.new):
         fallback = max(
             change.reserve or 0, max((b.default_limit for b in bidders.values()), default=0)
         )
-        bidders[slug] = Bidders(shares={}, limits={}, default_limit=fallback)
+        bidders[change.tier] = Bidders(shares={}, limits={}, default_limit=fallback)
     for slug, b in bidders.items():
         if b.default_limit <= 0:
-            reserve = policy.reserve_for(slug) if policy else 0
+            reserve = setting.policy.reserve_for(slug) if setting.policy else 0
             bidders[slug] = Bidders(b.shares, b.limits, default_limit=max(reserve * 2, 1000))
+    return bidders
+
+
+def _priorities(campaigns: list[CampaignLoad]) -> dict[tuple[str, str], int]:
     priorities: dict[tuple[str, str], int] = {}
     for c in campaigns:
         for slug in c.tiers:
             key = (c.tenant, slug)
             priorities[key] = max(priorities.get(key, 0), c.priority)
-    baseline_tiers = _replay_tiers(None, policy, tiers)
-    scenario_tiers = _replay_tiers(doc, policy, tiers)
-    total = 2 * len(range(0, horizon, stride))
+    return priorities
 
-    def half(offset: int):
+
+def _replays(
+    *,
+    baseline: list[ReplayTier],
+    scenario: list[ReplayTier],
+    demand: dict[str, TierDemand],
+    existing: list[str],
+    bidders: dict[str, Bidders],
+    campaigns: list[CampaignLoad],
+    setting: _Setting,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[ReplayResult, ReplayResult]:
+    """The horizon replayed with today's tiers, then with the scenario's."""
+    total = 2 * len(range(0, setting.horizon, setting.stride))
+
+    def half(offset: int) -> Callable[[int, int], None]:
         return lambda done, count: progress(offset + done, total) if progress else None
 
     common = dict(
-        bidders=bidders, priorities=priorities, mechanism=mechanism, params=params,
-        round_hours=round_minutes / 60, stride=stride,
+        bidders=bidders, priorities=_priorities(campaigns), mechanism=setting.mechanism,
+        params=setting.params, quotas=setting.quotas, round_hours=setting.round_minutes / 60,
+        stride=setting.stride,
     )  # fmt: skip
-    base_demand = {s: d for s, d in demand.items() if s in slugs}
-    before = replay(tiers=baseline_tiers, demand=base_demand, progress=half(0), **common)
-    after = replay(tiers=scenario_tiers, demand=demand, progress=half(total // 2), **common)
-    weeks_before = weekly(before, rounds_per_week=rounds_per_week, job_gpus=doc.job_gpus)
-    weeks_after = weekly(after, rounds_per_week=rounds_per_week, job_gpus=doc.job_gpus)
-    power = _power_kw(slugs, now)
-    needs = [
-        TierNeed(
-            tier=t.slug,
-            capacity=t.capacity,
-            demand=tuple(r.demand for r in after.tiers[t.slug]),
-            hours=round_minutes / 60 * stride,
-            power_kw=power.get(t.slug, 0.0),
+    base_demand = {s: d for s, d in demand.items() if s in existing}
+    before = replay(tiers=baseline, demand=base_demand, progress=half(0), **common)
+    after = replay(tiers=scenario, demand=demand, progress=half(total // 2), **common)
+    return before, after
+
+
+def _needs(
+    scenario: list[ReplayTier],
+    after: ReplayResult,
+    demand: dict[str, TierDemand],
+    *,
+    setting: _Setting,
+    power: dict[str, float],
+) -> list[TierNeed]:
+    """What the recommendation must serve per tier: the replayed demand with its P90, and the
+    recurring demand of the horizon's last week (the forecast without the campaigns, which
+    do not recur) for the rest of a commitment's term."""
+    last_week = [r for r in after.rounds if r >= setting.horizon - setting.rounds_per_week]
+    needs = []
+    for t in scenario:
+        history, p90 = demand[t.slug].history, demand[t.slug].p90
+        needs.append(
+            TierNeed(
+                tier=t.slug,
+                capacity=t.capacity,
+                demand=tuple(r.demand for r in after.tiers[t.slug]),
+                hours=setting.round_minutes / 60 * setting.stride,
+                power_kw=power.get(t.slug, 0.0),
+                after=tuple(history[r] for r in last_week),
+                p90=tuple(p90[r] for r in after.rounds),
+            )
         )
-        for t in scenario_tiers
-    ]
-    recommendation: dict[str, Any]
+    return needs
+
+
+def _recommendation(needs: list[TierNeed], doc: ScenarioDoc) -> dict[str, Any]:
     try:
         plan = recommend(needs, doc.options, targets=doc.targets, kwh_price=doc.kwh_price)
     except RecommendError as exc:
-        recommendation = {"error": str(exc)}
-    else:
-        recommendation = {
-            "cost": plan.cost,
-            "lines": [asdict(line) for line in plan.lines],
-            "tiers": [asdict(t) for t in plan.tiers],
-            "csv": plan_csv(plan),
-        }
-    curve = tradeoff_curve(needs, doc.options, targets=doc.targets, kwh_price=doc.kwh_price)
-    backtests = {}
+        return {"error": str(exc)}
+    return {
+        "cost": plan.cost,
+        "commitment": plan.commitment,
+        "lines": [asdict(line) for line in plan.lines],
+        "tiers": [asdict(t) | {"p90_note": t.p90_note} for t in plan.tiers],
+        "csv": plan_csv(plan),
+    }
+
+
+def _backtests(demand: dict[str, TierDemand], slugs: list[str]) -> dict[str, dict]:
+    """Per tier: the chosen model, every candidate's backtest, and the chosen model's error
+    beside the seasonal-naive rule's at each horizon."""
+    out = {}
     for slug in slugs:
-        past = history[slug].demand if slug in history else []
-        holdout = min(season, max(1, len(past) // 4))
-        backtests[slug] = asdict(backtest(past, season_length=season, holdout=holdout))
-        backtests[slug].pop("actual")
-        backtests[slug].pop("predicted")
+        forecast = demand[slug].forecast
+        beside = []
+        for label in HORIZON_DAYS:
+            mine, base = (
+                forecast.score(forecast.model, label),
+                forecast.score(SEASONAL_NAIVE, label),
+            )
+            if mine is None or base is None:
+                continue
+            beside.append(
+                {"horizon": label, "origins": mine.origins, "wape_pct": mine.wape_pct,
+                 "mase": mine.mase, "seasonal_naive_wape_pct": base.wape_pct,
+                 "seasonal_naive_mase": base.mase}
+            )  # fmt: skip
+        out[slug] = {
+            "model": forecast.model,
+            "label": forecast.label,
+            "season": forecast.season,
+            "history": forecast.history,
+            "warning": forecast.warning,
+            "beside_baseline": beside,
+            "scores": [asdict(score) for score in forecast.scores],
+        }
+    return out
+
+
+def _forecast_weeks(
+    demand: dict[str, TierDemand], setting: _Setting, rounds: list[int]
+) -> dict[str, dict]:
+    """Per tier: P10/P50/P90 demand in GPUs at each replayed round (for the chart) and in
+    GPU-hours per week."""
+    hours = setting.round_minutes / 60
+    out = {}
+    for slug, d in demand.items():
+        series = {"p10": d.p10, "p50": d.total, "p90": d.p90}
+        weeks = []
+        for week in range(setting.horizon // setting.rounds_per_week):
+            span = slice(week * setting.rounds_per_week, (week + 1) * setting.rounds_per_week)
+            weeks.append({q: sum(values[span]) * hours for q, values in series.items()})
+        out[slug] = {
+            "starts": [d.starts_at[r].isoformat() for r in rounds],
+            **{q: [round(values[r], 3) for r in rounds] for q, values in series.items()},
+            "weeks": weeks,
+        }
+    return out
+
+
+def _warnings(demand: dict[str, TierDemand], existing: list[str], rounds: int) -> list[str]:
+    """What the planner must know before trusting the plan: no or too little history."""
+    if rounds == 0:
+        return [
+            "No settled rounds yet: the forecast is empty, so the plan covers only declared "
+            "campaigns. It is not evidence that nothing needs buying; run again once the "
+            "market has a few weeks of history."
+        ]
+    return [f"{slug}: {demand[slug].forecast.warning}" for slug in existing
+            if demand[slug].forecast.warning]  # fmt: skip
+
+
+def scenario_results(
+    doc: ScenarioDoc, *, now: datetime, progress: Callable[[int, int], None] | None = None
+) -> dict:
+    """Everything the scenario page shows, as JSON (money in milli-credits)."""
+    setting = _setting(doc)
+    tiers = list(Tier.objects.filter(active=True).order_by("slug"))
+    slugs = [t.slug for t in tiers]
+    new_slugs = [c.tier for c in doc.changes if c.new]
+    history = tier_demand_history(tier_slugs=slugs, rounds=HISTORY_ROUNDS)
+    campaigns = _campaign_loads(now)
+    starts = _future_starts(history, setting, now)
+    demand = _demand(
+        slugs + new_slugs, history, starts=starts, setting=setting, campaigns=campaigns
+    )
+    rounds = next(iter(history.values())).rounds if history else []
+    baseline_tiers = _replay_tiers(None, setting.policy, tiers)
+    scenario_tiers = _replay_tiers(doc, setting.policy, tiers)
+    before, after = _replays(
+        baseline=baseline_tiers, scenario=scenario_tiers, demand=demand, existing=slugs,
+        bidders=_bidders_all(doc, slugs, rounds, setting), campaigns=campaigns,
+        setting=setting, progress=progress,
+    )  # fmt: skip
+    needs = _needs(scenario_tiers, after, demand, setting=setting, power=_power_kw(slugs, now))
+    weeks_before = weekly(before, rounds_per_week=setting.rounds_per_week, job_gpus=doc.job_gpus)
+    weeks_after = weekly(after, rounds_per_week=setting.rounds_per_week, job_gpus=doc.job_gpus)
+    curve = tradeoff_curve(needs, doc.options, targets=doc.targets, kwh_price=doc.kwh_price)
+    capacity_before = {b.slug: b.capacity for b in baseline_tiers}
     return {
         "generated_at": now.isoformat(),
-        "round_minutes": round_minutes,
-        "rounds_per_week": rounds_per_week,
-        "stride": stride,
-        "mechanism": mechanism,
+        "round_minutes": setting.round_minutes,
+        "rounds_per_week": setting.rounds_per_week,
+        "stride": setting.stride,
+        "mechanism": setting.mechanism,
         "history_rounds": len(rounds),
+        "warnings": _warnings(demand, slugs, len(rounds)),
         "campaigns": [
             {"tenant": c.tenant, "name": c.name, "gpu_hours": c.gpu_hours, "tiers": list(c.tiers)}
             for c in campaigns
         ],
         "tiers": {
             t.slug: {
-                "capacity_before": next(
-                    (b.capacity for b in baseline_tiers if b.slug == t.slug), 0
-                ),
+                "capacity_before": capacity_before.get(t.slug, 0),
                 "capacity_after": t.capacity,
                 "weeks_before": [asdict(w) for w in weeks_before.get(t.slug, [])],
                 "weeks_after": [asdict(w) for w in weeks_after[t.slug]],
             }
             for t in scenario_tiers
         },
+        "forecast": _forecast_weeks(demand, setting, after.rounds),
         "spend_before": before.spend,
         "spend_after": after.spend,
-        "backtest": backtests,
+        "backtest": _backtests(demand, slugs),
         "targets": asdict(doc.targets),
-        "recommendation": recommendation,
+        "recommendation": _recommendation(needs, doc),
         "tradeoff": [{"max_unmet_pct": pct, "cost": cost} for pct, cost in curve],
     }

@@ -29,3 +29,21 @@ def test_price_and_wait_have_an_axis_each_and_one_legend_entry_per_tier():
     assert list(a100_now.y) == [2.0, 2.0]
     a100_wait = [t for t in fig.data if t.legendgroup == "a100" and t.yaxis == "y2"]
     assert any(list(t.y) == [None, None] for t in a100_wait)
+
+
+def test_the_forecast_chart_draws_p50_with_its_p10_to_p90_band_per_tier():
+    from planning.charts import demand_forecast
+
+    series = {
+        slug: {"starts": ["2026-12-01T00:00:00+00:00", "2026-12-01T01:00:00+00:00"],
+               "p10": [1.0, 2.0], "p50": [3.0, 4.0], "p90": [6.0, 8.0]}
+        for slug in ("a100", "h100")
+    }  # fmt: skip
+    fig = demand_forecast(series)
+    assert [t.name for t in fig.data if t.showlegend is not False] == ["a100", "h100"]
+    band = next(t for t in fig.data if t.name == "a100 P10-P90")
+    low = next(t for t in fig.data if t.name == "a100 P10")
+    # The band fills down to the P10 line drawn just before it, so it spans P10 to P90.
+    assert band.fill == "tonexty" and list(fig.data).index(band) == list(fig.data).index(low) + 1
+    assert list(low.y) == [1.0, 2.0] and list(band.y) == [6.0, 8.0]
+    assert list(next(t for t in fig.data if t.name == "h100").y) == [3.0, 4.0]

@@ -1,4 +1,4 @@
-"""Demand for planning: the forecast plus declared campaigns, and a backtest on unseen rounds."""
+"""Demand for planning: the forecast plus declared campaigns as known future demand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from planning.demand import CampaignLoad, backtest, campaign_gpus, tier_demand
+from planning.demand import CampaignLoad, campaign_gpus, tier_demand
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -15,29 +15,6 @@ HOUR = timedelta(hours=1)
 
 def seasonal(rounds: int) -> list[float]:
     return [10 + 5 * math.sin(2 * math.pi * i / 24) for i in range(rounds)]
-
-
-def test_the_backtest_scores_only_rounds_the_model_did_not_see():
-    history = seasonal(24 * 6)
-    first = backtest(history, season_length=24, holdout=24)
-    # Change only the held-out rounds: the forecast is the same, its error is not.
-    changed = history[:-24] + [x + 7 for x in history[-24:]]
-    second = backtest(changed, season_length=24, holdout=24)
-    assert first.predicted == second.predicted
-    assert first.trained_on == second.trained_on == 24 * 5
-    assert second.actual != first.actual
-    assert first.mape_pct is not None and second.mape_pct is not None
-    assert first.mape_pct < 5 < second.mape_pct
-    assert second.mae == pytest.approx(
-        sum(abs(p - a) for p, a in zip(second.predicted, second.actual, strict=True)) / 24
-    )
-
-
-def test_a_backtest_without_enough_history_says_why():
-    short = backtest([3.0, 4.0], season_length=24, holdout=24)
-    assert short.mape_pct is None and "more than 24 rounds" in short.reason
-    zeros = backtest([0.0] * 100, season_length=24, holdout=10)
-    assert zeros.mape_pct is None and "zero demand" in zeros.reason
 
 
 def test_a_declared_campaign_adds_its_gpu_hours_spread_over_its_span_and_tiers():
@@ -56,7 +33,7 @@ def test_a_declared_campaign_adds_its_gpu_hours_spread_over_its_span_and_tiers()
         history=seasonal(24 * 3),
         starts_at=starts,
         round_length=HOUR,
-        season_length=24,
+        rounds_per_day=24,
         campaigns=[campaign],
     )
     added = [sum(c.values()) for c in demand.campaigns]
@@ -64,6 +41,10 @@ def test_a_declared_campaign_adds_its_gpu_hours_spread_over_its_span_and_tiers()
     assert added[2:26] == [pytest.approx(10)] * 24
     assert sum(added) == pytest.approx(480 / 2)
     assert demand.total[5] == pytest.approx(demand.history[5] + 10)
+    # Known demand: it moves every quantile by the same GPUs, the band keeps its width.
+    assert demand.p10[5] == pytest.approx(demand.forecast.p10[5] + 10)
+    assert demand.p90[5] == pytest.approx(demand.forecast.p90[5] + 10)
+    assert demand.p10[5] <= demand.total[5] <= demand.p90[5]
     half = campaign_gpus(campaign, tier="a100", start=T0 + 1.5 * HOUR, round_length=HOUR)
     assert half == pytest.approx(5)  # half the round overlaps
     assert campaign_gpus(campaign, tier="l40s", start=T0 + 3 * HOUR, round_length=HOUR) == 0

@@ -83,3 +83,55 @@ def test_the_plan_exports_as_csv_in_credits():
     assert lines[0] == "tier,option,gpus,gpu_hours,cost_credits"
     assert lines[1].startswith("A100 80GB,purchase,4,672.0,")
     assert lines[-1] == f"total,,,,{plan.cost / 1000:.3f}"
+
+
+def test_a_spike_is_not_met_with_reservations_charged_only_for_the_horizon():
+    # Six days of 8 GPUs on an empty tier, nothing before or after (a campaign). A 12-month
+    # reservation at 2.2 costs 8 x 2.2 x 8,760 = 154,176 credits, not 8 x 2.2 x 168: renting
+    # the 1,152 GPU-hours on demand at 4 (4,608) is far cheaper.
+    spike = TierNeed(tier="a100", capacity=0, demand=(8.0,) * 144 + (0.0,) * 24, hours=1.0,
+                     after=(0.0,) * 168)  # fmt: skip
+    rentals = [
+        Option(tier="a100", kind="reserved", per_hour=2_200, term_months=12),
+        Option(tier="a100", kind="on_demand", per_hour=4_000),
+    ]
+    plan = recommend([spike], rentals, targets=STRICT, kwh_price=0)
+    assert [(line.kind, line.gpus, line.gpu_hours) for line in plan.lines] == [
+        ("on_demand", 8, 1152.0)
+    ]
+    assert plan.cost == 1152 * 4_000 and plan.commitment == plan.cost
+    assert plan.tiers[0].window_hours == 12 * 730
+
+
+def test_a_reservation_shows_its_whole_commitment_and_break_even():
+    steady = TierNeed(tier="a100", capacity=0, demand=(5.0,) * 168, hours=1.0)
+    rentals = [
+        Option(tier="a100", kind="reserved", per_hour=2_200, term_months=12),
+        Option(tier="a100", kind="on_demand", per_hour=4_000),
+    ]
+    plan = recommend([steady], rentals, targets=STRICT, kwh_price=0)
+    (line,) = plan.lines
+    assert (line.kind, line.gpus, line.term_months) == ("reserved", 5, 12)
+    assert line.cost == 5 * 168 * 2_200  # the week's part
+    assert line.commitment == 5 * 12 * 730 * 2_200  # 96,360 credits: the whole term
+    assert line.break_even_pct == 55.0  # 2.2 / 4: worth it above 55 % of the hours
+    assert plan.commitment == line.commitment
+
+
+def test_p90_beyond_firm_capacity_is_said_and_spot_named_as_the_risk():
+    # P50 10 GPUs, P90 14, on a tier of 6: on-demand may rent at most 2, spot the rest.
+    need = TierNeed(tier="a100", capacity=6, demand=(10.0,) * 168, hours=1.0, p90=(14.0,) * 168)
+    menu = [
+        Option(tier="a100", kind="on_demand", per_hour=4_000, max_gpus=2),
+        Option(tier="a100", kind="spot", per_hour=1_000, interruption_rate=0.5),
+    ]
+    plan = recommend([need], menu, targets=STRICT, kwh_price=0)
+    outcome = plan.tiers[0]
+    # Firm: 6 + 2 on demand = 8 against 14 at P90: 6 GPUs x 168 h.
+    assert outcome.p90_uncovered_gpu_hours == 6 * 168
+    assert outcome.spot_gpu_hours > 0
+    assert "NOT covered" in outcome.p90_note and "if spot is interrupted" in outcome.p90_note
+    unlimited = Option(tier="a100", kind="on_demand", per_hour=4_000)
+    covered = recommend([need], [unlimited], targets=STRICT, kwh_price=0)
+    assert covered.tiers[0].p90_uncovered_gpu_hours == 0
+    assert covered.tiers[0].p90_note.startswith("P90 demand is covered")

@@ -119,14 +119,14 @@ def test_a_queued_scenario_and_a_short_history_read_plainly(client, history, mon
     scenario = Scenario.objects.get()
     scenario_run(scenario_id=scenario.pk)
     scenario.refresh_from_db()
-    # Two settled rounds of history; the backtest holds one out and has one to fit on.
+    # Two settled rounds of history: no backtest can be scored, and the page says so above
+    # the plan rather than presenting "buy nothing" as an answer.
     assert scenario.results["history_rounds"] == 2
     page = " ".join(client.get(made["Location"]).content.decode().split())
-    assert "needs at least 3 settled rounds; there was 1" not in page
-    assert (
-        "the backtest holds out the last 1 round and fits on the rest, so it needs 4 settled "
-        "rounds; there are 2" in page
-    )
+    warning = page.split('id="plan-warnings"')[1].split("</div>")[0]
+    assert "a100: only 0.1 days of history: a weekly pattern needs two weeks" in warning
+    backtest = page.split('id="backtest"')[1].split("</table>")[0]
+    assert "No backtest: only 0.1 days of history" in backtest
 
 
 def test_a_teams_spend_forecast_stays_under_its_hard_cap(client, history, monkeypatch):
