@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cache
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -68,6 +69,26 @@ def transfer_execute_many(*, orders: Sequence[TransferOrder]) -> list[Transfer]:
     if not orders:
         return []
     accounts = _accounts_locked_many(orders)
+    done: list[Transfer | None] = [None] * len(orders)
+    new = _balances_moved(orders, accounts=accounts, earlier=_applied_before(orders), done=done)
+    # The rows are written a slice of transfers at a time, so that a round of a million bids
+    # does not hold every entry, idempotency record and audit event at once; the slices are
+    # in order, in this one transaction.
+    now = timezone.now()
+    alias = router.db_for_write(Transfer)
+    for start in range(0, len(new), WRITE_SLICE):
+        _rows_write(new[start : start + WRITE_SLICE], now=now, alias=alias, done=done)
+    # The rows are locked above, so their new balances can be written as values.
+    moved = {account.pk: account for _, _, s, d in new for account in (s, d)}
+    rows_update(list(moved.values()), ["balance"])
+    return done  # type: ignore[return-value] - every order has its transfer now
+
+
+_New = tuple[int, TransferOrder, Account, Account]  # position, order, source, destination
+
+
+def _applied_before(orders: Sequence[TransferOrder]) -> dict[str, LedgerOperation]:
+    """The idempotency records already written under the orders' keys."""
     keys = [order.idempotency_key for order in orders if order.idempotency_key]
     if len(set(keys)) != len(keys):
         raise TenantError("one idempotency key is used twice in one batch of transfers")
@@ -78,9 +99,20 @@ def transfer_execute_many(*, orders: Sequence[TransferOrder]) -> list[Transfer]:
             (op.key, op)
             for op in LedgerOperation.objects.select_related("transfer").filter(key__in=chunk)
         )
+    return earlier
 
-    done: list[Transfer | None] = [None] * len(orders)
-    new: list[tuple[int, TransferOrder, Account, Account]] = []
+
+def _balances_moved(
+    orders: Sequence[TransferOrder],
+    *,
+    accounts: dict,
+    earlier: dict[str, LedgerOperation],
+    done: list[Transfer | None],
+) -> list[_New]:
+    """Each order in turn against the locked balances: an order applied before gets its
+    earlier transfer in ``done``; the rest move the balances in memory (no tenant account
+    overdrawn at any point of the sequence) and are returned, to be written."""
+    new: list[_New] = []
     for i, order in enumerate(orders):
         fingerprint = _fingerprint(order.kind, order.tenant, order.amount, order.reference)
         previous = earlier.get(order.idempotency_key or "")
@@ -100,60 +132,53 @@ def transfer_execute_many(*, orders: Sequence[TransferOrder]) -> list[Transfer]:
         source.balance -= order.amount
         destination.balance += order.amount
         new.append((i, order, source, destination))
+    return new
 
-    now = timezone.now()
-    alias = router.db_for_write(Transfer)
-    # The rows are written a slice of transfers at a time, so that a round of a million bids
-    # does not hold every entry, idempotency record and audit event at once; the slices are
-    # in order, in this one transaction. Transfers, entries and idempotency records go as
-    # plain values (``rows_copy``): a model object per row, made and then read back field by
-    # field, cost about 60 microseconds a transfer more (docs/market.md).
-    for start in range(0, len(new), WRITE_SLICE):
-        part = new[start : start + WRITE_SLICE]
-        rows = [
-            _transfer_row(order, source, destination, now) for _, order, source, destination in part
-        ]
-        keys = rows_copy(Transfer, _TRANSFER_FIELDS, rows)
-        rows_copy(
-            Entry,
-            ("transfer", "account", "amount"),
-            [
-                row
-                for key, (_, order, source, destination) in zip(keys, part, strict=True)
-                for row in ((key, source.pk, -order.amount), (key, destination.pk, order.amount))
-            ],
-        )
-        rows_copy(
-            LedgerOperation,
-            ("key", "fingerprint", "outcome", "transfer"),
-            [
-                (
-                    order.idempotency_key,
-                    # made again rather than kept from the checks: a million-bid round's
-                    # strings would add about 120 MB to the batch's peak
-                    _fingerprint(order.kind, order.tenant, order.amount, order.reference),
-                    LedgerOperation.Outcome.APPLIED,
-                    key,
-                )
-                for key, (_, order, _, _) in zip(keys, part, strict=True)
-                if order.idempotency_key
-            ],
-        )
-        labels: dict[int, str] = {}  # str(account), once per account
-        with audit.batch():
-            for key, row, (i, order, source, destination) in zip(keys, rows, part, strict=True):
-                transfer = _transfer(key, row, order, source, destination, alias)
-                for account in (source, destination):
-                    if account.pk not in labels:
-                        labels[account.pk] = str(account)
-                _transfer_audit(
-                    transfer, source=labels[source.pk], destination=labels[destination.pk]
-                )
-                done[i] = transfer
-    # The rows are locked above, so their new balances can be written as values.
-    moved = {account.pk: account for _, _, s, d in new for account in (s, d)}
-    rows_update(list(moved.values()), ["balance"])
-    return done  # type: ignore[return-value] - every order has its transfer now
+
+def _rows_write(
+    part: list[_New], *, now: datetime, alias: str, done: list[Transfer | None]
+) -> None:
+    """One slice's transfers, entries, idempotency records and audit events. Transfers,
+    entries and idempotency records go as plain values (``rows_copy``): a model object per
+    row, made and then read back field by field, costs about 60 microseconds a transfer more."""
+    rows = [
+        _transfer_row(order, source, destination, now) for _, order, source, destination in part
+    ]
+    keys = rows_copy(Transfer, _TRANSFER_FIELDS, rows)
+    rows_copy(
+        Entry,
+        ("transfer", "account", "amount"),
+        [
+            row
+            for key, (_, order, source, destination) in zip(keys, part, strict=True)
+            for row in ((key, source.pk, -order.amount), (key, destination.pk, order.amount))
+        ],
+    )
+    rows_copy(
+        LedgerOperation,
+        ("key", "fingerprint", "outcome", "transfer"),
+        [
+            (
+                order.idempotency_key,
+                # made again rather than kept from the checks: a million-bid round's
+                # strings would add about 120 MB to the batch's peak
+                _fingerprint(order.kind, order.tenant, order.amount, order.reference),
+                LedgerOperation.Outcome.APPLIED,
+                key,
+            )
+            for key, (_, order, _, _) in zip(keys, part, strict=True)
+            if order.idempotency_key
+        ],
+    )
+    labels: dict[int, str] = {}  # str(account), once per account
+    with audit.batch():
+        for key, row, (i, order, source, destination) in zip(keys, rows, part, strict=True):
+            transfer = _transfer(key, row, order, source, destination, alias)
+            for account in (source, destination):
+                if account.pk not in labels:
+                    labels[account.pk] = str(account)
+            _transfer_audit(transfer, source=labels[source.pk], destination=labels[destination.pk])
+            done[i] = transfer
 
 
 _TRANSFER_FIELDS = (
