@@ -95,6 +95,8 @@ class TierAdmin(admin.ModelAdmin):
             capacity=data["capacity"],
             maintenance_gpus=data["maintenance_gpus"],
             preemptible=data["preemptible"],
+            energy_price=data.get("energy_price") or 0,
+            power_cap_w=data.get("power_cap_w"),
         )
         if not data.get("active", True):
             tier_update(tier=created, actor=request.user, active=False)

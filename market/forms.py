@@ -17,7 +17,13 @@ from django import forms
 from market.errors import MarketError
 from market.models import Tier
 from market.orders import SECONDS_PER_HOUR
-from market.services.tiers import TIER_FIELDS, tier_changes_validate, tier_slug_validate
+from market.services.tiers import (
+    POWER_CAP_MAX_W,
+    POWER_CAP_MIN_W,
+    TIER_FIELDS,
+    tier_changes_validate,
+    tier_slug_validate,
+)
 from tenants.forms import CreditsField
 from tenants.models import Campaign
 
@@ -95,10 +101,26 @@ class TierForm(forms.ModelForm):
     maintenance_gpus = forms.IntegerField(min_value=0, label="GPUs in maintenance")
     preemptible = forms.BooleanField(required=False)
     active = forms.BooleanField(required=False, label="Offered in rounds")
+    energy_price = CreditsField(
+        allow_zero=True,
+        required=False,
+        label="Energy price (credits per kWh)",
+        help_text="Charged after each window for the energy its GPUs used; empty or 0: none.",
+    )
+    power_cap_w = forms.IntegerField(
+        min_value=POWER_CAP_MIN_W,
+        max_value=POWER_CAP_MAX_W,
+        required=False,
+        label="Power cap (W per GPU)",
+        help_text="The agents set it as each GPU's power limit; empty: no cap.",
+    )
 
     class Meta:
         model = Tier
         fields = TIER_FIELDS
+
+    def clean_energy_price(self) -> int:
+        return self.cleaned_data.get("energy_price") or 0
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from market import order_views, staff_views, views
+from market import energy_views, order_views, staff_views, views
 
 urlpatterns = [
     path("", views.market_overview, name="market_overview"),
@@ -11,6 +11,7 @@ urlpatterns = [
     path("bids/<int:pk>/edit/", views.bid_change, name="bid_edit"),
     path("bids/<int:pk>/cancel/", views.bid_cancel_view, name="bid_cancel"),
     path("spend/", views.spend, name="spend"),
+    path("spend/energy.csv", energy_views.energy_csv, name="energy_csv"),
     path("orders/", order_views.order_list, name="order_list"),
     path("orders/new/", order_views.order_new, name="order_new"),
     path("orders/<int:pk>/", order_views.order_detail, name="order_detail"),

@@ -35,6 +35,7 @@ from market.charts import (
     spend_over_time,
     supply_demand,
 )
+from market.energy_views import energy_context
 from market.forecast import MIN_ROUNDS, NONE, rounds_per_day
 from market.forecast import demand_forecast as forecast_demand
 from market.forecast_selectors import tier_demand_history
@@ -460,5 +461,6 @@ def spend(request: HttpRequest) -> HttpResponse:
             "usages": [budget_usage(budget=b, at=now) for b in budgets],
             "charges": tenant_charges(tenant=tenant),
             "month_total": sum(v for d, v in per_day.items() if d >= month_start),
+            **energy_context(tenant=tenant, since=month_start),
         },
     )

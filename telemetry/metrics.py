@@ -166,7 +166,8 @@ def metrics_collect() -> list[_Family]:
 
 
 def metrics_render() -> str:
+    from telemetry.energy_metrics import energy_families  # it builds on _Family above
     from telemetry.operator_metrics import operator_families  # it builds on _Family above
 
-    families = [*metrics_collect(), *operator_families()]
+    families = [*metrics_collect(), *operator_families(), *energy_families()]
     return "\n".join(line for family in families for line in family.lines()) + "\n"

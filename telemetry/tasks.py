@@ -6,7 +6,9 @@ from __future__ import annotations
 from celery import shared_task
 
 from telemetry import services
+from telemetry.services.energy import allocations_energy_meter, gpus_power_cap_check
 from telemetry.services.idle import idle_reclaim_scan
+from telemetry.services.upkeep import ROLLUP_BATCHES
 
 
 @shared_task(name="telemetry.enforce")
@@ -26,8 +28,19 @@ def nodes_health() -> int:
 
 @shared_task(name="telemetry.samples_rollup")
 def samples_rollup() -> dict[str, int]:
+    """Beat, every minute: roll up raw samples; once the rollup has caught up, meter the
+    energy of allocations whose window ended and check the tiers' power caps."""
     result = services.samples_rollup()
-    return {"minutes": result.minutes, "samples_purged": result.samples_purged}
+    metered = flagged = 0
+    if result.batches < ROLLUP_BATCHES:
+        metered = len(allocations_energy_meter())
+        flagged = len(gpus_power_cap_check())
+    return {
+        "minutes": result.minutes,
+        "samples_purged": result.samples_purged,
+        "allocations_metered": metered,
+        "gpus_over_power_cap": flagged,
+    }
 
 
 @shared_task(name="telemetry.idle_reclaim")

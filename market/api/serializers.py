@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api import MAX_ID, StrictCharField, StrictFloatField, StrictIntegerField
+from market.energy import kwh
 from market.models import Allocation, Bid, Order, PolicyVersion, Round, Tier
 from market.orders import SECONDS_PER_HOUR
 from market.selectors import order_foresight
@@ -228,6 +229,11 @@ class AllocationSerializer(serializers.ModelSerializer):
     ready_commands = serializers.SerializerMethodField(
         help_text="One `gpumarket run` per node it is placed on (replace the command)."
     )
+    energy_kwh = serializers.SerializerMethodField(
+        help_text="kWh its GPUs used in its window, metered after the window ends "
+        "(a decimal string); null until then or when it was not placed on GPUs."
+    )
+    energy_charge = CreditsField(help_text="Credits charged for that energy at the tier's price.")
 
     class Meta:
         model = Allocation
@@ -245,10 +251,16 @@ class AllocationSerializer(serializers.ModelSerializer):
             "status",
             "placement",
             "ready_commands",
+            "energy_kwh",
+            "energy_charge",
         ]
 
     def get_ready_commands(self, allocation: Allocation) -> list[str]:
         return ready_commands(allocation)
+
+    @extend_schema_field({"type": "string", "format": "decimal", "nullable": True})
+    def get_energy_kwh(self, allocation: Allocation) -> str | None:
+        return None if allocation.energy_j is None else str(kwh(allocation.energy_j))
 
 
 class LaunchQuerySerializer(serializers.Serializer):

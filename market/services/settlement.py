@@ -13,6 +13,7 @@ from django.db import transaction
 
 import audit.services as audit
 from core.rows import rows_insert, rows_update
+from market.energy import JOULES_PER_KWH
 from market.errors import MarketError
 from market.models import Allocation, Bid, BidLimit, Round, Tier
 from market.outcomes import RoundFacts, bid_reason
@@ -20,7 +21,15 @@ from market.services._common import bids_locked, cost_floor, now_or, round_locke
 from market.services.bids import window_seconds
 from market.services.orders import orders_settle
 from market.services.placement import as_json, round_placement
-from tenants.ledger import TransferOrder, transfer_execute_many
+from tenants.ledger import (
+    TransferOrder,
+    balance_get,
+    credits,
+    credits_charge,
+    credits_hold,
+    hold_accounts_lock,
+    transfer_execute_many,
+)
 from tenants.models import Notification, Transfer
 
 SYSTEM = "system"
@@ -171,6 +180,78 @@ def round_settle(*, round_id: int, now: datetime | None = None, wait: bool = Tru
         },
     )
     return rnd
+
+
+def energy_charge(*, joules: int, price: int) -> int:
+    """Milli-credits for ``joules`` at ``price`` milli-credits per kWh, rounded down."""
+    return joules * price // JOULES_PER_KWH
+
+
+@transaction.atomic
+def allocations_energy_settle(
+    *, metered: dict[int, int], now: datetime | None = None
+) -> list[Allocation]:
+    """Record the energy each allocation's GPUs used in its window (``metered``: allocation
+    id -> whole joules, from telemetry) and charge it at the tier's energy price.
+
+    The energy charge is its own ledger line after the window: the amount is held from the
+    team's available credits and charged (reference ``allocation:<id>``, idempotency keys
+    ``energy:<id>:hold|charge``), in this transaction, with an ``allocation.energy`` audit
+    event. It is never more than the team's available credits at the time (the shortfall
+    is recorded in the audit event and on nothing else), never negative, and an allocation
+    already metered is left as it is, so a rerun charges nothing twice.
+    """
+    now = now_or(now)
+    allocations = list(
+        Allocation.objects.select_for_update(of=("self",))
+        .select_related("tier", "tenant")
+        .filter(pk__in=list(metered), energy_j__isnull=True)
+        .order_by("pk")
+    )
+    for allocation in allocations:
+        joules = max(int(metered[allocation.pk]), 0)
+        due = energy_charge(joules=joules, price=allocation.tier.energy_price)
+        charge = 0
+        if due:
+            tenant = allocation.tenant
+            hold_accounts_lock(tenant=tenant)
+            charge = min(due, balance_get(tenant=tenant).available)
+        if charge:
+            kwh = f"{joules / JOULES_PER_KWH:.3f} kWh"
+            reason = (
+                f"energy: allocation {allocation.pk} used {kwh} at "
+                f"{credits(allocation.tier.energy_price)} credits/kWh"
+            )
+            ledger = {"tenant": allocation.tenant, "reference": f"allocation:{allocation.pk}"}
+            credits_hold(
+                amount=charge,
+                reason=reason,
+                idempotency_key=f"energy:{allocation.pk}:hold",
+                **ledger,
+            )
+            credits_charge(
+                amount=charge,
+                reason=reason,
+                idempotency_key=f"energy:{allocation.pk}:charge",
+                **ledger,
+            )
+        allocation.energy_j = joules
+        allocation.energy_charge = charge
+        allocation.save(update_fields=["energy_j", "energy_charge"])
+        audit.record(
+            actor=SYSTEM,
+            action="allocation.energy",
+            target=allocation,
+            tenant=allocation.tenant,
+            after={
+                "energy_j": joules,
+                "energy_price": allocation.tier.energy_price,
+                "energy_charge": charge,
+                "unpaid": due - charge,
+                "metered_at": now.isoformat(),
+            },
+        )
+    return allocations
 
 
 def _slurm_reserve(allocation_ids: list[int]) -> None:

@@ -14,7 +14,21 @@ from market.errors import MarketError
 from market.models import Tier
 from market.services._common import MAX_GPUS, whole
 
-TIER_FIELDS = ("name", "gpu_model", "capacity", "maintenance_gpus", "preemptible", "active")
+TIER_FIELDS = (
+    "name",
+    "gpu_model",
+    "capacity",
+    "maintenance_gpus",
+    "preemptible",
+    "active",
+    "energy_price",
+    "power_cap_w",
+)
+# The largest energy price, in milli-credits per kWh (a million credits per kWh), and the
+# power caps an agent can set (NVML boards accept tens to hundreds of watts).
+MAX_ENERGY_PRICE = 10**9
+POWER_CAP_MIN_W = 10
+POWER_CAP_MAX_W = 10_000
 TIER_UNKNOWN = "cannot set {unknown} on a tier; settable: {known}"
 
 
@@ -28,6 +42,16 @@ def tier_changes_validate(changes: dict[str, Any]) -> dict[str, Any]:
         elif name in ("preemptible", "active"):
             if not isinstance(value, bool):
                 raise MarketError(f"{name} must be true or false, got {value!r}")
+        elif name == "energy_price":
+            # Milli-credits per kWh.
+            value = (
+                0
+                if value is None
+                else whole(value, field=name, minimum=0, maximum=MAX_ENERGY_PRICE)
+            )
+        elif name == "power_cap_w":
+            if value is not None:
+                value = whole(value, field=name, minimum=POWER_CAP_MIN_W, maximum=POWER_CAP_MAX_W)
         else:
             value = str(value or "").strip()[:120]
         clean[name] = value
@@ -68,6 +92,8 @@ def tier_create(
     maintenance_gpus: int = 0,
     gpu_model: str = "",
     preemptible: bool = False,
+    energy_price: int = 0,
+    power_cap_w: int | None = None,
 ) -> Tier:
     tier_slug_validate(slug)
     fields = tier_changes_validate(
@@ -77,6 +103,8 @@ def tier_create(
             "capacity": capacity,
             "maintenance_gpus": maintenance_gpus,
             "preemptible": preemptible,
+            "energy_price": energy_price,
+            "power_cap_w": power_cap_w,
         }
     )
     tier = Tier.objects.create(slug=slug, **fields)

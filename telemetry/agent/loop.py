@@ -110,6 +110,8 @@ class AgentLoop:
         # resend a directive it has seen acknowledged, so old ids can be forgotten.
         self._applied: OrderedDict[int, DirectiveResult | None] = OrderedDict()
         self._remembered = remembered_directives
+        # GPU uuid -> the power cap last applied (None: the GPU's default limit).
+        self._power_caps: dict[str, int | None] = {}
 
     @property
     def backlog(self) -> tuple[Batch, ...]:
@@ -229,6 +231,7 @@ class AgentLoop:
                 delivered += 1
                 self.stats.batches_delivered += 1
                 self._handle_directives(result.directives)
+                self._power_caps_apply(result.power_caps)
             if self._clock() >= deadline:
                 break
         return delivered, refused, False
@@ -258,6 +261,30 @@ class AgentLoop:
         )
         if result.status in (401, 403):
             logger.error("the node token was not accepted; check --token")
+
+    def _power_caps_apply(self, caps: dict[str, int | None]) -> None:
+        """Set each GPU's power limit to its tier's cap when the cap changed (a GPU the
+        answer leaves out keeps its limit). A backend that cannot set limits, or a GPU that
+        refuses (NVML needs root), is logged and tried again with the next answer."""
+        setter = getattr(self.backend, "power_cap_set", None)
+        index = {gpu.uuid: gpu.index for gpu in self._gpus}
+        for uuid, watts in caps.items():
+            if (
+                uuid not in index
+                or self._power_caps.get(uuid, None) == watts
+                and (uuid in self._power_caps)
+            ):
+                continue
+            if setter is None:
+                logger.warning("backend %s cannot set power limits", self.backend.name)
+                return
+            try:
+                setter(index[uuid], watts)
+            except Exception as exc:
+                logger.error("cannot set the power limit of GPU %s to %s W: %s", uuid, watts, exc)
+                continue
+            self._power_caps[uuid] = watts
+            logger.info("GPU %s power limit: %s", uuid, f"{watts} W" if watts else "default")
 
     def _handle_directives(self, raws: Iterable[object]) -> None:
         for raw in raws:

@@ -115,6 +115,27 @@ class NvmlBackend:
                 logger.warning("NVML could not read GPU %s (%s): %s", gpu.index, gpu.uuid, exc)
         return tuple(samples)
 
+    def power_cap_set(self, index: int, watts: int | None) -> None:
+        """Set GPU ``index``'s power management limit to ``watts`` (None: the GPU's default
+        limit), kept within the range the board allows. Needs root; NVML's error (e.g.
+        NoPermission) is raised for the loop to log."""
+        handle = self._handles[index]
+        if watts is None:
+            milliwatts = int(pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle))
+        else:
+            low, high = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+            milliwatts = min(max(watts * 1000, int(low)), int(high))
+            if milliwatts != watts * 1000:
+                logger.warning(
+                    "GPU %s allows %d-%d W; power limit set to %d W, not %d W",
+                    index,
+                    int(low) // 1000,
+                    int(high) // 1000,
+                    milliwatts // 1000,
+                    watts,
+                )
+        pynvml.nvmlDeviceSetPowerManagementLimit(handle, milliwatts)
+
     def close(self) -> None:
         try:
             pynvml.nvmlShutdown()

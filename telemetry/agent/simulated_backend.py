@@ -187,6 +187,9 @@ class SimulatedBackend:
             for index in range(gpus)
         )
         self._meters = {gpu.uuid: EnergyMeter() for gpu in self._gpus}
+        # GPU index -> the power limit set through power_cap_set, in watts: simulated power
+        # never goes above it, as a real GPU's board clocks down to its limit.
+        self.power_caps: dict[int, int] = {}
         # (pid, start time) -> (CPU seconds, monotonic time) at the previous sample; the
         # start time keeps a recycled pid from inheriting another process's history.
         self._cpu_seen: dict[tuple[int, int], tuple[float, float]] = {}
@@ -196,6 +199,16 @@ class SimulatedBackend:
 
     def close(self) -> None:
         self._cpu_seen.clear()
+
+    def power_cap_set(self, index: int, watts: int | None) -> None:
+        """Record GPU ``index``'s power limit (None: back to no limit) and keep its simulated
+        power at or below it from the next sample."""
+        if not 0 <= index < len(self._gpus):
+            raise ValueError(f"node {self._node} has no simulated GPU {index}")
+        if watts is None:
+            self.power_caps.pop(index, None)
+        else:
+            self.power_caps[index] = watts
 
     def fault_inject(self, index: int, kind: str) -> None:
         """Make simulated GPU ``index`` report ``kind`` (one of FAULTS) from its next sample."""
@@ -327,6 +340,9 @@ class SimulatedBackend:
         # A simple linear power model and a temperature that follows it: enough for the
         # charts to move with the work, and obviously not a measurement.
         power_w = self._idle_power_w + (self._max_power_w - self._idle_power_w) * utilisation / 100
+        cap = self.power_caps.get(gpu.index)
+        if cap is not None:
+            power_w = min(power_w, float(cap))
         memory_used = sum(process.memory_mib for process, _ in processes)
         return GpuSample(
             gpu=gpu.uuid,

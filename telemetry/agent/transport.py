@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import requests
@@ -28,6 +28,8 @@ class Delivered:
     stored: int
     duplicate: bool
     directives: tuple[Any, ...]
+    # GPU uuid -> the power limit in watts its tier wants (None: no cap, the GPU's default).
+    power_caps: dict[str, int | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +113,31 @@ def _delivered(response: requests.Response) -> Delivered:
         stored=stored if isinstance(stored, int) else 0,
         duplicate=bool(body.get("duplicate", False)),
         directives=tuple(directives),
+        power_caps=_power_caps(body.get("power_caps")),
     )
+
+
+# The highest power limit the agent will set, in watts (the server's power_w range).
+POWER_CAP_MAX_W = 10_000
+
+
+def _power_caps(raw: Any) -> dict[str, int | None]:
+    """The answer's power caps; an entry that is not {uuid: whole watts 1..10000 or null} is
+    logged and left out (that GPU's limit stays as it is)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        logger.error("ingest answered with power_caps that are not an object: %r", raw)
+        return {}
+    caps: dict[str, int | None] = {}
+    for uuid, watts in raw.items():
+        if watts is None or (
+            type(watts) is int and 1 <= watts <= POWER_CAP_MAX_W and isinstance(uuid, str)
+        ):
+            caps[uuid] = watts
+        else:
+            logger.error("ingest answered with a bad power cap for %r: %r", uuid, watts)
+    return caps
 
 
 def _errors(response: requests.Response) -> Any:

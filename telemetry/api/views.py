@@ -147,6 +147,7 @@ def ingest(request: HttpRequest) -> JsonResponse:
             "duplicate": result.duplicate,
             "directives": [directive_to_wire(a) for a in result.directives],
             "refused": result.refused,
+            "power_caps": result.power_caps,
         }
     )
 

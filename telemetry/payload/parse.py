@@ -396,6 +396,7 @@ def _samples_parse(
         raise errors.refusal(status=413)
     rows: list[SampleRow] = []
     latest: dict[str, tuple[datetime, tuple[ProcessReport, ...]]] = {}
+    reported: set[tuple[str, datetime]] = set()
     add = errors.add
     for i, s in enumerate(raw):
         if type(s) is not dict:
@@ -449,6 +450,16 @@ def _samples_parse(
         reading = _health_parse(s.get("health"), f"samples[{i}].health", refused)
         if not ok:
             continue
+        # The same GPU twice at one instant: two readings of one counter that cannot both be
+        # right, and the energy between them would be counted from whichever came first.
+        if (gpu, at) in reported:
+            add(
+                f"samples[{i}].at",
+                f"GPU {gpu} is reported twice at {s['at']} in this batch; one sample per GPU "
+                "per reading",
+            )
+            continue
+        reported.add((gpu, at))  # type: ignore[arg-type]
         if reading is not None and health is not None:
             # The latest reading, unless an earlier one in the batch reported an error.
             kept = health.get(gpu)  # type: ignore[arg-type]

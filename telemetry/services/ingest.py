@@ -31,6 +31,9 @@ class IngestResult:
     directives: list[EnforcementAction]
     # Untrusted process claims dropped from this batch, by field (the batch itself was kept).
     refused: dict[str, list[str]]
+    # GPU uuid -> the power limit its tier wants, in watts (None: no cap), for every GPU of
+    # the node: the agent sets the GPUs' limits from it (docs/capacity.md "Energy").
+    power_caps: dict[str, int | None]
 
 
 _OUTCOME_STATES = {
@@ -142,6 +145,7 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
         duplicate=duplicate,
         directives=_directives_deliver(node=node, now=now),
         refused=report.refused,
+        power_caps=dict(Gpu.objects.filter(node=node).values_list("uuid", "tier__power_cap_w")),
     )
 
 

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 import audit.services as audit
 from telemetry.models import Gpu, IngestBatch, Node, Sample, SampleMinute
+from telemetry.services.energy import minutes_energy
 from telemetry.services.nodes import _gpus_unhealthy, failed_gpus_sweep, tier_capacity_refresh
 
 
@@ -104,6 +105,7 @@ def samples_rollup(*, now: datetime | None = None) -> RollupResult:
             )
             .order_by()
         )
+        used = minutes_energy(gpu_ids=gpu_ids, start=start, end=end + timedelta(minutes=1))
         aggregates = [
             SampleMinute(
                 gpu_id=r["gpu_id"],
@@ -117,6 +119,7 @@ def samples_rollup(*, now: datetime | None = None) -> RollupResult:
                 power_max=r["power_max"],
                 temperature_max=r["temp_max"],
                 energy_j_last=r["energy_last"],
+                energy_j=used.get((r["gpu_id"], r["minute"]), 0.0),
             )
             for r in rows
         ]
@@ -135,6 +138,7 @@ def samples_rollup(*, now: datetime | None = None) -> RollupResult:
                 "power_max",
                 "temperature_max",
                 "energy_j_last",
+                "energy_j",
             ],
         )
         minutes = len(aggregates)

@@ -39,7 +39,14 @@ def test_good_batch_is_stored_and_discovers_gpus_into_the_nodes_tier(client, nod
     )
 
     assert response.status_code == 200, response.content
-    assert response.json() == {"stored": 6, "duplicate": False, "directives": [], "refused": {}}
+    assert response.json() == {
+        "stored": 6,
+        "duplicate": False,
+        "directives": [],
+        "refused": {},
+        # No power cap on the tier: every GPU's limit stays its default.
+        "power_caps": {gpu_uuid("n1", i): None for i in range(3)},
+    }
     assert Sample.objects.count() == 6
     gpus = Gpu.objects.filter(node=node).order_by("index")
     assert [g.uuid for g in gpus] == [gpu_uuid("n1", i) for i in range(3)]
