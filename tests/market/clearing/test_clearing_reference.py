@@ -1,19 +1,19 @@
-"""Welfare against independent formulations: scipy linprog, cvxpy, and brute-force prices."""
+"""Welfare, and reference.py's statement of it, against independent formulations: scipy
+linprog written out row by row, and brute-force least prices."""
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections import defaultdict
 
-import cvxpy as cp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
-from market.clearing import Bid, Instance, Tenant, Tier, clear
+from market.clearing import Bid, Instance, Tenant, Tier, clear, reference
+from market.clearing.inputs import instance_arrays
 from tests.market.clearing.test_clearing_properties import instances
 
 
@@ -64,35 +64,6 @@ def linprog_welfare(inst: Instance) -> float:
     return -res.fun
 
 
-def cvxpy_welfare(inst: Instance) -> float:
-    """The welfare model as the design states it (surplus over the reserve), share caps
-    included."""
-    a = arcs(inst)
-    if not a:
-        return 0.0
-    x = cp.Variable(len(a), nonneg=True)
-    limit = np.array([p for *_, p in a])
-    per_bid = [sum(x[e] for e, arc in enumerate(a) if arc[0] == b) for b in range(len(inst.bids))]
-    constraints = [
-        per_bid[b] <= bid.quantity
-        for b, bid in enumerate(inst.bids)
-        if any(arc[0] == b for arc in a)
-    ]
-    for t, tier in enumerate(inst.tiers):
-        on_tier = [e for e, arc in enumerate(a) if arc[1] == t]
-        if on_tier:
-            constraints.append(cp.sum(x[on_tier]) <= tier.capacity)
-        cap = math.floor(tier.max_share * tier.capacity + 1e-9)
-        for tenant in inst.tenants:
-            mine = [e for e in on_tier if inst.bids[a[e][0]].tenant == tenant.name]
-            if mine:
-                constraints.append(cp.sum(x[mine]) <= cap)
-    problem = cp.Problem(cp.Maximize(limit @ x), constraints)
-    problem.solve(solver=cp.HIGHS)
-    assert problem.status == cp.OPTIMAL
-    return float(problem.value)
-
-
 def brute_force_prices(inst: Instance) -> dict[str, float]:
     """Least integer prices at which the LP optimum is an equilibrium: reserve + pi.
 
@@ -131,16 +102,25 @@ def test_welfare_matches_linprog(inst, divisible):
 @settings(max_examples=40, deadline=None)
 @given(inst=instances(gangs=False))
 def test_welfare_prices_are_the_least_equilibrium_prices(inst):
+    """The clear's and the reference's (its least optimal duals) both."""
     inst = plain(inst)
-    assert clear(inst).prices == pytest.approx(brute_force_prices(inst), abs=1e-6)
+    least = brute_force_prices(inst)
+    assert clear(inst).prices == pytest.approx(least, abs=1e-6)
+    a = instance_arrays(inst)
+    if a.arc_bid.size:
+        stated = reference.welfare(a, divisible=True).prices
+        assert dict(zip(a.tier_names, stated.tolist(), strict=True)) == pytest.approx(
+            least, abs=1e-6
+        )
 
 
 @settings(max_examples=40, deadline=None)
 @given(inst=instances(gangs=False))
-def test_welfare_with_share_caps_matches_the_cvxpy_model(inst):
+def test_welfare_with_share_caps_matches_the_reference_program(inst):
     inst = plain(inst, caps=True)
-    r = clear(inst)
-    assert surplus(inst, r) == pytest.approx(cvxpy_welfare(inst), rel=1e-6, abs=1e-9)
+    a = instance_arrays(inst)
+    stated = reference.welfare(a, divisible=False).objective if a.arc_bid.size else 0.0
+    assert surplus(inst, clear(inst)) == pytest.approx(stated, rel=1e-6, abs=1e-9)
 
 
 def test_column_generation_matches_linprog_on_a_larger_instance():
