@@ -263,41 +263,7 @@ def demand_forecast(
         go.Scatter(x=list(at), y=list(demand), mode="lines+markers", name="Demand (GPUs bid)")
     )
     if forecast.mean:
-        # The band is drawn as upper then lower filled to it; joined to the last actual point
-        # so the forecast visibly continues the history.
-        xs = [at[-1], *future_at] if at else list(future_at)
-        start = [float(demand[-1])] if at else []
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=start + list(forecast.upper),
-                mode="lines",
-                line={"width": 0},
-                showlegend=False,
-                hoverinfo="skip",
-                name="Band upper",
-            )
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=start + list(forecast.lower),
-                mode="lines",
-                line={"width": 0},
-                fill="tonexty",
-                fillcolor="rgba(99, 110, 250, 0.2)",
-                name=f"Likely range ({BAND_SHARE:.0f} % of rounds)",
-            )
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=start + list(forecast.mean),
-                mode="lines",
-                line={"dash": "dash"},
-                name="Forecast",
-            )
-        )
+        _forecast_band(fig, at=at, demand=demand, future_at=future_at, forecast=forecast)
     fig.add_trace(
         go.Scatter(
             x=[*at, *future_at],
@@ -317,6 +283,63 @@ def demand_forecast(
             yaxis="y2",
         )
     )
+    _demand_layout(fig, tier=tier, at=at, future_at=future_at, price=price)
+    return fig
+
+
+def _forecast_band(
+    fig: go.Figure,
+    *,
+    at: Sequence[datetime],
+    demand: Sequence[int],
+    future_at: Sequence[datetime],
+    forecast: Forecast,
+) -> None:
+    # The band is drawn as upper then lower filled to it; joined to the last actual point
+    # so the forecast visibly continues the history.
+    xs = [at[-1], *future_at] if at else list(future_at)
+    start = [float(demand[-1])] if at else []
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=start + list(forecast.upper),
+            mode="lines",
+            line={"width": 0},
+            showlegend=False,
+            hoverinfo="skip",
+            name="Band upper",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=start + list(forecast.lower),
+            mode="lines",
+            line={"width": 0},
+            fill="tonexty",
+            fillcolor="rgba(99, 110, 250, 0.2)",
+            name=f"Likely range ({BAND_SHARE:.0f} % of rounds)",
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=xs,
+            y=start + list(forecast.mean),
+            mode="lines",
+            line={"dash": "dash"},
+            name="Forecast",
+        )
+    )
+
+
+def _demand_layout(
+    fig: go.Figure,
+    *,
+    tier: str,
+    at: Sequence[datetime],
+    future_at: Sequence[datetime],
+    price: Sequence[int | None],
+) -> None:
     top_price = max((_credits(p) for p in price if p is not None), default=0.0)
     # As many forecast rounds in view as rounds of history: a day's forecast after three
     # rounds would squeeze the history into the left edge (the rest is a pan away).
@@ -349,4 +372,3 @@ def demand_forecast(
             }
         ),
     )
-    return fig
