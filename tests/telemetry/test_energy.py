@@ -379,6 +379,9 @@ def test_a_gpu_above_its_tiers_power_cap_for_minutes_is_a_finding(node_token, ti
     assert (
         AuditEvent.objects.filter(action="gpu.power_over_cap", object_id=str(over.pk)).count() == 1
     )
+    staff = Client()
+    staff.force_login(factories.admin_user())
+    assert "above its tier's power cap since" in staff.get("/fleet/").content.decode()
     body = _metrics()
     assert 'gpumarket_gpus_over_power_cap{tier="a100"} 1' in body
     assert 'gpumarket_tier_power_cap_watts{tier="a100"} 200' in body
