@@ -85,42 +85,9 @@ def policy_rollback(
     round_ids = sorted({b.round_id for b in breaches})
     previous = _previous_active(active)
     if previous is None or _is_rollback(active):
-        why = (
-            "it is itself a rollback"
-            if previous is not None
-            else "no earlier version was ever active"
-        )
-        _notify_admins(
-            message=f"Guardrail breached by v{active.number} in round {round_ids[0]}, not rolled back ({why}): {summary}",
-            key=f"guardrail-breach:{active.pk}:{round_ids[0]}",
-        )
-        audit.record(
-            actor=actor,
-            action="policy.guardrail_breach",
-            target=active,
-            after={"rolled_back": False, "why": why, "breaches": [b.as_json() for b in breaches]},
-        )
+        _breach_report(active, previous=previous, breaches=breaches, actor=actor)
         return None
-
-    content = {name: getattr(previous, name) for name in POLICY_FIELDS if name != "note"}
-    restored = policy_version_create(
-        actor=actor,
-        based_on=active,
-        note=f"automatic rollback of v{active.number} to the settings of v{previous.number}: {summary}"[
-            :300
-        ],
-        **content,
-    )
-    policy_activate(version=restored, actor=actor)
-    # Rounds opened under the breaching version but not yet cleared clear under the restored
-    # one: their bids are the same whichever version clears them.
-    moved = list(
-        Round.objects.select_for_update()
-        .filter(policy=active, status__in=[Round.Status.OPEN, Round.Status.CLOSED])
-        .order_by("pk")
-        .values_list("pk", flat=True)
-    )
-    Round.objects.filter(pk__in=moved).update(policy=restored)
+    restored, moved = _restore(active, previous=previous, summary=summary, actor=actor)
     _notify_admins(
         message=(
             f"Policy v{active.number} was rolled back automatically to the settings of "
@@ -142,6 +109,62 @@ def policy_rollback(
         },
     )
     return restored
+
+
+def _breach_report(
+    active: PolicyVersion,
+    *,
+    previous: PolicyVersion | None,
+    breaches: list[Breach],
+    actor: AbstractBaseUser | str | None,
+) -> None:
+    """A breach that is not rolled back (the version is itself a rollback, or nothing was
+    active before it): admins are told and the breach is audited."""
+    why = (
+        "it is itself a rollback" if previous is not None else "no earlier version was ever active"
+    )
+    first = min(b.round_id for b in breaches)
+    summary = "; ".join(b.message for b in breaches)
+    _notify_admins(
+        message=f"Guardrail breached by v{active.number} in round {first}, not rolled back ({why}): {summary}",
+        key=f"guardrail-breach:{active.pk}:{first}",
+    )
+    audit.record(
+        actor=actor,
+        action="policy.guardrail_breach",
+        target=active,
+        after={"rolled_back": False, "why": why, "breaches": [b.as_json() for b in breaches]},
+    )
+
+
+def _restore(
+    active: PolicyVersion,
+    *,
+    previous: PolicyVersion,
+    summary: str,
+    actor: AbstractBaseUser | str | None,
+) -> tuple[PolicyVersion, list[int]]:
+    """A new version with ``previous``'s settings, activated; the rounds opened under the
+    breaching version but not yet cleared move to it (their bids are the same whichever
+    version clears them). Returns the new version and the rounds moved."""
+    content = {name: getattr(previous, name) for name in POLICY_FIELDS if name != "note"}
+    restored = policy_version_create(
+        actor=actor,
+        based_on=active,
+        note=f"automatic rollback of v{active.number} to the settings of v{previous.number}: {summary}"[
+            :300
+        ],
+        **content,
+    )
+    policy_activate(version=restored, actor=actor)
+    moved = list(
+        Round.objects.select_for_update()
+        .filter(policy=active, status__in=[Round.Status.OPEN, Round.Status.CLOSED])
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    Round.objects.filter(pk__in=moved).update(policy=restored)
+    return restored, moved
 
 
 @dataclass(frozen=True)
