@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, date, datetime, timedelta
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -45,8 +45,8 @@ __all__ = [
     "teams_by_idle_spend",
 ]
 
-# Pairs (allocation, GPU, interval) per query: four parameters each, well under PostgreSQL's
-# 65,535 and SQLite's 32,766 bound parameters.
+# Pairs (allocation, GPU, interval) per query on SQLite: four parameters each, well under its
+# 32,766 bound parameters (and PostgreSQL's 65,535, for the transfers' references).
 _CHUNK = 2000
 _JOULES_PER_KWH = 3.6e6
 
@@ -150,27 +150,56 @@ def _net_spend(charges: dict[int, int]) -> dict[int, int]:
 def _minute_sums(
     pairs: Sequence[tuple[int, int, datetime, datetime]],
 ) -> dict[tuple[int, int], tuple[float, float]]:
-    """{(allocation, gpu): (sum of per-minute utilisation %, energy J)} over
-    each pair's [start, end), summed in the database."""
-    out: dict[tuple[int, int], tuple[float, float]] = {}
-    adapt = connection.ops.adapt_datetimefield_value
+    """{(allocation, gpu): (sum of per-minute utilisation %, energy J)} over each pair's
+    [start, end), summed in the database.
+
+    A lateral subquery per pair, not a join: each pair is one range scan of the unique (gpu,
+    minute) index, where a join let the planner hash every minute row of the GPUs against
+    every pair of the same GPU (bench/metrics_scrape.py).
+    On PostgreSQL the pairs travel as four arrays (a VALUES list of thousands of
+    placeholders cost more to send than to run); SQLite gets VALUES in chunks."""
+    if not pairs:
+        return {}
     table = SampleMinute._meta.db_table
-    for start in range(0, len(pairs), _CHUNK):
-        chunk = pairs[start : start + _CHUNK]
-        values = ", ".join(["(%s, %s, %s, %s)"] * len(chunk))
-        params: list[object] = []
-        for allocation, gpu, begin, end in chunk:
-            params += [allocation, gpu, adapt(begin), adapt(end)]
-        cast = "::timestamptz" if connection.vendor == "postgresql" else ""
-        sql = (
-            f"WITH iv(allocation, gpu, s, e) AS (VALUES {values}) "
-            f"SELECT iv.allocation, iv.gpu, SUM(m.utilization_avg), "
-            f"SUM(m.energy_j) "
-            f"FROM iv JOIN {table} m ON m.gpu_id = iv.gpu "
-            f"AND m.minute >= iv.s{cast} AND m.minute < iv.e{cast} "
-            f"GROUP BY iv.allocation, iv.gpu"
+    window = "m.gpu_id = iv.gpu AND m.minute >= iv.s AND m.minute < iv.e"
+    select = (
+        f"SELECT iv.allocation, iv.gpu, "
+        f"(SELECT SUM(m.utilization_avg) FROM {table} m WHERE {window}), "
+        f"(SELECT SUM(m.energy_j) FROM {table} m WHERE {window}) "
+    )
+    queries: list[tuple[str, list[object]]] = []
+    if connection.vendor == "postgresql":
+        columns = [list(column) for column in zip(*pairs, strict=True)]
+        queries.append(
+            (
+                "SELECT iv.allocation, iv.gpu, w.util, w.energy FROM unnest(%s::bigint[], "
+                "%s::bigint[], %s::timestamptz[], %s::timestamptz[]) AS iv(allocation, gpu, s, e) "
+                "CROSS JOIN LATERAL (SELECT SUM(m.utilization_avg) AS util, SUM(m.energy_j) AS "
+                f"energy FROM {table} m WHERE {window}) w",
+                columns,
+            )
         )
-        with connection.cursor() as cursor:
+    else:
+        adapt = connection.ops.adapt_datetimefield_value
+        for start in range(0, len(pairs), _CHUNK):
+            chunk = pairs[start : start + _CHUNK]
+            values = ", ".join(["(%s, %s, %s, %s)"] * len(chunk))
+            params: list[object] = []
+            for allocation, gpu, begin, end in chunk:
+                params += [allocation, gpu, adapt(begin), adapt(end)]
+            queries.append(
+                (
+                    f"WITH iv(allocation, gpu, s, e) AS (VALUES {values}) " + select + "FROM iv",
+                    params,
+                )
+            )
+    out: dict[tuple[int, int], tuple[float, float]] = {}
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # The planner's cost for thousands of index scans switches JIT compilation on,
+            # which took longer (0.3 s) than the scans themselves.
+            cursor.execute("SET LOCAL jit = off")
+        for sql, params in queries:
             cursor.execute(sql, params)
             for allocation, gpu, util, energy in cursor.fetchall():
                 out[(allocation, gpu)] = (float(util or 0.0), max(float(energy or 0.0), 0.0))
@@ -184,16 +213,19 @@ def allocations_use(
     tenant: Tenant | None = None,
     now: datetime | None = None,
     clip: bool = False,
+    with_spend: bool = True,
 ) -> list[AllocationUse]:
     """Every allocation whose window overlaps [since, until) and has started (one tenant's,
     or everyone's when ``tenant`` is None), measured up to ``now``. The whole window of each
     is counted (a period holds whole allocations), or with ``clip`` only its GPU-hours inside
-    [since, until) (spend stays whole)."""
+    [since, until) (spend stays whole). Without ``with_spend`` every spend is 0 (the ledger
+    is not read)."""
     now = now or timezone.now()
     rows = list(_allocations(since=since, until=until, tenant=tenant, now=now))
     if not rows:
         return []
-    spend = _net_spend({pk: charge for pk, _, _, _, _, _, charge, _ in rows})
+    charges = {pk: charge for pk, _, _, _, _, _, charge, _ in rows}
+    spend = _net_spend(charges) if with_spend else dict.fromkeys(charges, 0)
     uuids = {p["uuid"] for *_, placement in rows for p in placement or [] if p.get("uuid")}
     gpu_ids = dict(Gpu.objects.filter(uuid__in=uuids).values_list("uuid", "pk")) if uuids else {}
     reclaimed = {
@@ -313,10 +345,10 @@ def teams_by_idle_spend(
 
 def team_use_trailing(*, hours: int, now: datetime | None = None) -> dict[int, EfficiencyTotals]:
     """{tenant id: totals} of the GPU-hours of the last ``hours`` hours (allocations clipped
-    to them; for /metrics: bounded work per scrape)."""
+    to them; for /metrics: bounded work per scrape). Spend is not read: 0."""
     now = now or timezone.now()
     since = now - timedelta(hours=hours)
     groups: dict[int, EfficiencyTotals] = defaultdict(EfficiencyTotals)
-    for use in allocations_use(since=since, until=now, now=now, clip=True):
+    for use in allocations_use(since=since, until=now, now=now, clip=True, with_spend=False):
         groups[use.tenant].add(use)
     return dict(groups)
