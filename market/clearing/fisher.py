@@ -12,8 +12,9 @@ quantities) break the textbook guarantees of the Fisher market — on Gavel's 26
 with one GPU per job, equal budgets leave the worst job at 0.909 of its split — which is why
 the guarantee is a constraint here; envy is reported by ``clear``.
 
-Prices are the capacity duals scaled to money (the objective is normalised by sum B, so the
-dual of a tier is scaled back), never below the reserve; a tier where nothing sold is priced
+Prices are the capacity duals scaled to money (the objective is normalised by the sum of the
+budgets of the buyers in the program, so the dual of a tier is scaled back by it), never
+below the reserve; a tier where nothing sold is priced
 at its reserve. A tenant is never charged above its budget (``clear`` scales its charges).
 A mixed-integer conic solver is not available, so gang bids are relaxed, then fixed: a gang
 that got its minimum keeps it (on its best tier, unless it may mix tiers) as a lower bound,
@@ -81,9 +82,12 @@ def _solve_eg(
     bid_min: np.ndarray,
     time_limit: float,
 ) -> tuple[np.ndarray, np.ndarray, float, str]:
-    """Arc GPUs (E,), tier duals (T,) per unit of normalised budget, seconds, status."""
+    """Arc GPUs (E,), tier prices (T,) in money per GPU, seconds, status."""
     T = om.tier_room.size
     buyers, t_row = np.unique(tenant[om.arc_bid[cols]], return_inverse=True)
+    # The duals are per unit of the program's money, the buyers' budgets in it: a tenant
+    # with money and nothing in the program (no bid) is not in the prices.
+    money = np.where(np.isin(np.arange(budget.size), buyers), budget, 0.0).sum()
     bids, b_row = unique_inverse(om.arc_bid[cols])
     # Each buyer's utility in units of its own best value per GPU: log(u / s) differs from
     # log u by a constant, so the optimum and the tier duals are the same, but utilities are
@@ -122,7 +126,8 @@ def _solve_eg(
         if found is not None:
             out = np.zeros(om.arc_bid.size)
             out[cols] = np.clip(found.x, 0.0, None)
-            return out, np.maximum(found.prices, 0.0), time.perf_counter() - start, "optimal"
+            prices = np.maximum(found.prices, 0.0) * money
+            return out, prices, time.perf_counter() - start, "optimal"
     x = cp.Variable(cols.size, nonneg=True)
     utility = held[buyers] / scale + lp.incidence(t_row, buyers.size, v[cols] / scale[t_row]) @ x
     per_bid = lp.incidence(b_row, bids.size) @ x
@@ -146,7 +151,8 @@ def _solve_eg(
     seconds = time.perf_counter() - start
     out = np.zeros(om.arc_bid.size)
     out[cols] = np.clip(x.value, 0.0, None)
-    return out, np.maximum(np.asarray(capacity.dual_value).ravel(), 0.0), seconds, status
+    prices = np.maximum(np.asarray(capacity.dual_value).ravel(), 0.0) * money
+    return out, prices, seconds, status
 
 
 def _solve(problem: cp.Problem, constraints: list, *, time_limit: float) -> str:
@@ -259,7 +265,7 @@ def _fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
     om = open_market(market)
     cols = program_arcs(market, om, v, budget)
     x = np.zeros(a.arc_bid.size)
-    duals = np.zeros(a.n_tiers)
+    paid = np.zeros(a.n_tiers)  # the tiers' prices from the program, money per GPU
     seconds, status = 0.0, "optimal"
     arc_min, bid_min = np.zeros(a.arc_bid.size), np.zeros(B)
     time_limit = float(params["time_limit"])
@@ -267,13 +273,13 @@ def _fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
         tenant=a.bid_tenant, v=v, budget=budget, held=held, guarantee=g, time_limit=time_limit
     )
     if cols.size:
-        x, duals, seconds, status = _solve_eg(om, cols, arc_min=arc_min, bid_min=bid_min, **common)
+        x, paid, seconds, status = _solve_eg(om, cols, arc_min=arc_min, bid_min=bid_min, **common)
         if market.is_gang.any():
             fixed, arc_min, bid_min = _fix_gangs(market, cols, x)
             x = np.zeros(a.arc_bid.size)
             try:
                 if fixed.size:
-                    x, duals, more, status = _solve_eg(
+                    x, paid, more, status = _solve_eg(
                         om, fixed, arc_min=arc_min, bid_min=bid_min, **common
                     )
                     seconds += more
@@ -284,7 +290,7 @@ def _fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
                 arc_min, bid_min = np.zeros(a.arc_bid.size), np.zeros(B)
                 status = "fallback"
                 if cols.size:
-                    x, duals, more, _ = _solve_eg(
+                    x, paid, more, _ = _solve_eg(
                         om, cols, arc_min=arc_min, bid_min=bid_min, **common
                     )
                     seconds += more
@@ -292,7 +298,7 @@ def _fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
         x, more = _fill(market, om, x, left_out=left_out, v=v, time_limit=time_limit)
         seconds += more
     sold = np.bincount(a.arc_tier, weights=x, minlength=a.n_tiers) > EPS
-    prices = np.where(sold, np.maximum(a.reserve, duals * budget.sum()), a.reserve)
+    prices = np.where(sold, np.maximum(a.reserve, paid), a.reserve)
     loss, rounding_seconds = 0.0, 0.0
     if not market.divisible:
         start = time.perf_counter()
