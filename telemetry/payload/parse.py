@@ -398,8 +398,49 @@ def _samples_parse(
     latest: dict[str, tuple[datetime, tuple[ProcessReport, ...]]] = {}
     reported: set[tuple[str, datetime]] = set()
     add = errors.add
+    parse_time = clock.parse
     for i, s in enumerate(raw):
-        if type(s) is not dict:
+        if type(s) is dict:
+            # The common case first: a sample with every reading right and no processes,
+            # unreported work or health reading is checked here in one expression and stored;
+            # anything else goes through the checks below, which name each problem.
+            gpu = s.get("gpu")
+            at = parse_time(s.get("at"))
+            used = s.get("memory_used_mib")
+            total = s.get("memory_total_mib")
+            util = s.get("utilization_pct")
+            power = s.get("power_w")
+            temperature = s.get("temperature_c")
+            energy = s.get("energy_j")
+            listed = s.get("processes")
+            if (
+                type(at) is datetime
+                and type(gpu) is str
+                and gpu in gpu_uuids
+                and type(total) is int
+                and 1 <= total <= MEMORY_MAX_MIB
+                and type(used) is int
+                and 0 <= used <= total
+                and (type(util) is float or type(util) is int)
+                and 0 <= util <= 100
+                and (type(power) is float or type(power) is int)
+                and 0 <= power <= POWER_MAX_W
+                and (type(temperature) is float or type(temperature) is int)
+                and TEMPERATURE_MIN_C <= temperature <= TEMPERATURE_MAX_C
+                and (type(energy) is float or type(energy) is int)
+                and 0 <= energy <= ENERGY_MAX_J
+                and (listed is None or (type(listed) is list and not listed))
+                and s.get("unreported") is None
+                and s.get("health") is None
+                and (gpu, at) not in reported
+            ):
+                reported.add((gpu, at))
+                rows.append((gpu, at, util, used, total, power, temperature, energy))
+                previous = latest.get(gpu)
+                if previous is None or at >= previous[0]:
+                    latest[gpu] = (at, ())
+                continue
+        else:
             add(f"samples[{i}]", f"must be an object, got {_describe(s)}")
             continue
         ok = True

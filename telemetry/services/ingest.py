@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, F, Value, When
+from django.db import connection, transaction
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 import audit.services as audit
@@ -65,7 +65,15 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
     node = Node.objects.select_for_update().select_related("tier").get(pk=node.pk)
     if node.revoked_at is not None:
         raise _unauthorised(f"the token of node {node.name!r} was revoked")
-    known = {g.uuid: g for g in Gpu.objects.filter(uuid__in=[g.uuid for g in report.gpus])}
+    # In one query: the GPUs the batch names (wherever registered) and the node's own, with
+    # their tiers' power caps for the answer.
+    reported = {g.uuid for g in report.gpus}
+    rows = list(
+        Gpu.objects.filter(Q(uuid__in=reported) | Q(node=node)).annotate(
+            power_cap_w=F("tier__power_cap_w")
+        )
+    )
+    known = {g.uuid: g for g in rows if g.uuid in reported}
     foreign = {
         f"gpus[{i}].uuid": [
             f"GPU {g.uuid} is registered to another node; a GPU reports through one node only"
@@ -77,19 +85,8 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
         raise TelemetryError(
             f"batch refused: {next(iter(foreign.values()))[0]}", errors=foreign, status=403
         )
-    try:
-        with transaction.atomic():
-            IngestBatch.objects.create(
-                node=node,
-                batch_id=report.batch_id,
-                sent_at=report.sent_at,
-                received_at=now,
-                samples=len(report.samples),
-                first_at=report.first_at,
-                last_at=report.last_at,
-            )
-        duplicate = False
-    except IntegrityError:
+    duplicate = not _batch_record(node=node, report=report, now=now)
+    if duplicate:
         owner = (
             IngestBatch.objects.filter(batch_id=report.batch_id)
             .values_list("node_id", flat=True)
@@ -97,16 +94,17 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
         )
         if owner != node.pk:
             message = "is already used by another node's batch; use a fresh UUID per batch"
-            raise TelemetryError(
-                f"batch_id {message}", errors={"batch_id": [message]}, status=409
-            ) from None
-        duplicate = True
+            raise TelemetryError(f"batch_id {message}", errors={"batch_id": [message]}, status=409)
 
     tiers_changed: set[int] = set()
     if not duplicate:
-        gpus, tiers_changed = _gpus_update(node=node, report=report, known=known, now=now)
+        missing = [g for g in rows if g.node_id == node.pk and g.uuid not in reported]
+        gpus, tiers_changed = _gpus_update(
+            node=node, report=report, known=known, missing=missing, now=now
+        )
         _samples_store(report=report, gpus=gpus)
-        _processes_store(node=node, report=report, gpus=gpus, now=now)
+        fresh = _processes_store(node=node, report=report, gpus=gpus, now=now)
+        _gpus_seen(known=known, fresh=fresh, now=now)
 
     was_healthy = node.healthy
     refusal: dict[str, object] = {}
@@ -145,8 +143,38 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
         duplicate=duplicate,
         directives=_directives_deliver(node=node, now=now),
         refused=report.refused,
-        power_caps=dict(Gpu.objects.filter(node=node).values_list("uuid", "tier__power_cap_w")),
+        power_caps={g.uuid: g.power_cap_w for g in rows if g.node_id == node.pk}
+        | {g.uuid: node.tier.power_cap_w for g in report.gpus if g.uuid not in known},
     )
+
+
+def _batch_record(*, node: Node, report: BatchReport, now: datetime) -> bool:
+    """Record the batch; False when its batch id is already recorded. One statement
+    (INSERT ... ON CONFLICT DO NOTHING), without the savepoint a caught IntegrityError
+    needs."""
+    table = IngestBatch._meta.db_table
+    field = IngestBatch._meta.get_field
+    values = [
+        field(name).get_db_prep_value(value, connection)
+        for name, value in (
+            ("node", node.pk),
+            ("batch_id", report.batch_id),
+            ("sent_at", report.sent_at),
+            ("received_at", now),
+            ("samples", len(report.samples)),
+            ("first_at", report.first_at),
+            ("last_at", report.last_at),
+            ("rolled_up", False),
+        )
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (node_id, batch_id, sent_at, received_at, samples, first_at, "
+            "last_at, rolled_up) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (batch_id) DO NOTHING RETURNING id",
+            values,
+        )
+        return cursor.fetchone() is not None
 
 
 def batch_refusal_record(*, node: Node, reason: str, now: datetime | None = None) -> None:
@@ -160,10 +188,16 @@ def batch_refusal_record(*, node: Node, reason: str, now: datetime | None = None
 
 
 def _gpus_update(
-    *, node: Node, report: BatchReport, known: dict[str, Gpu], now: datetime
+    *,
+    node: Node,
+    report: BatchReport,
+    known: dict[str, Gpu],
+    missing: list[Gpu],
+    now: datetime,
 ) -> tuple[dict[str, Gpu], set[int]]:
     """Discover new GPUs (in the node's tier), refresh changed ones, and mark the node's GPUs
-    missing from the report unhealthy. Returns {uuid: Gpu} and the tiers whose capacity moved."""
+    missing from the report (``missing``) unhealthy. Returns {uuid: Gpu} and the tiers whose
+    capacity moved."""
     tiers_changed: set[int] = set()
     new = [
         Gpu(
@@ -213,11 +247,29 @@ def _gpus_update(
                 setattr(gpu, name, value)
             gpu.save(update_fields=list(changes))
     gpus = {g.uuid: g for g in new} | known
-    missing = Gpu.objects.filter(node=node).exclude(uuid__in=list(gpus))
-    tiers_changed |= _gpus_unhealthy(missing)
-    if known:
-        Gpu.objects.filter(pk__in=[g.pk for g in known.values()]).update(last_seen_at=now)
+    gone = [g.pk for g in missing if g.healthy]
+    if gone:
+        tiers_changed |= _gpus_unhealthy(Gpu.objects.filter(pk__in=gone))
     return gpus, tiers_changed
+
+
+def _gpus_seen(*, known: dict[str, Gpu], fresh: dict[Gpu, datetime], now: datetime) -> None:
+    """One UPDATE: the known GPUs seen now, and the sample time of each process list kept."""
+    ids = {g.pk for g in known.values()} | {g.pk for g in fresh}
+    if not ids:
+        return
+    changes: dict[str, object] = {}
+    if known:
+        changes["last_seen_at"] = Case(
+            When(pk__in=[g.pk for g in known.values()], then=Value(now)),
+            default=F("last_seen_at"),
+        )
+    if fresh:
+        changes["processes_at"] = Case(
+            *(When(pk=g.pk, then=Value(at)) for g, at in fresh.items()),
+            default=F("processes_at"),
+        )
+    Gpu.objects.filter(pk__in=ids).update(**changes)
 
 
 _SAMPLE_COLUMNS = (
@@ -232,15 +284,25 @@ _SAMPLE_COLUMNS = (
 )
 
 
+def _sample_types() -> list[str]:
+    """The PostgreSQL types of the COPY columns, as binary COPY needs them exactly."""
+    return [Sample._meta.get_field(name).db_type(connection) for name in _SAMPLE_COLUMNS]
+
+
 def _samples_store(*, report: BatchReport, gpus: dict[str, Gpu]) -> None:
     if not report.samples:
         return
     ids = {uuid: gpu.pk for uuid, gpu in gpus.items()}
     if connection.vendor == "postgresql":
-        # COPY is several times faster than a multi-row INSERT for the same rows (see
+        # COPY is several times faster than a multi-row INSERT for the same rows, and its
+        # binary format spares the server parsing every number and time from text (see
         # docs/telemetry.md for the figures).
-        statement = f"COPY {Sample._meta.db_table} ({', '.join(_SAMPLE_COLUMNS)}) FROM STDIN"
+        statement = (
+            f"COPY {Sample._meta.db_table} ({', '.join(_SAMPLE_COLUMNS)}) FROM STDIN "
+            "(FORMAT BINARY)"
+        )
         with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
+            copy.set_types(_sample_types())
             write = copy.write_row
             for row in report.samples:
                 write((ids[row[0]], *row[1:]))
@@ -256,16 +318,17 @@ def _samples_store(*, report: BatchReport, gpus: dict[str, Gpu]) -> None:
 
 def _processes_store(
     *, node: Node, report: BatchReport, gpus: dict[str, Gpu], now: datetime
-) -> None:
+) -> dict[Gpu, datetime]:
     """Replace each GPU's observed processes with those of its newest sample, unless the
-    server already holds a newer view (a batch delivered late from the agent's backlog)."""
+    server already holds a newer view (a batch delivered late from the agent's backlog).
+    Returns the GPUs whose view was replaced and its sample time (for ``_gpus_seen``)."""
     fresh = {
         gpus[uuid]: (at, processes)
         for uuid, (at, processes) in report.processes.items()
         if gpus[uuid].processes_at is None or at >= gpus[uuid].processes_at
     }
     if not fresh:
-        return
+        return {}
     ProcessObservation.objects.filter(gpu__in=[g.pk for g in fresh]).delete()
     ProcessObservation.objects.bulk_create(
         [
@@ -287,11 +350,9 @@ def _processes_store(
             for p in {p.pid: p for p in reversed(processes)}.values()
         ]
     )
-    Gpu.objects.filter(pk__in=[g.pk for g in fresh]).update(
-        processes_at=Case(*(When(pk=g.pk, then=Value(at)) for g, (at, _) in fresh.items()))
-    )
     for gpu, (at, _) in fresh.items():
         gpu.processes_at = at
+    return {gpu: at for gpu, (at, _) in fresh.items()}
 
 
 def _outcomes_record(*, node: Node, report: BatchReport, now: datetime) -> None:
