@@ -18,7 +18,7 @@ from django.db.models import OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
 import audit.services as audit
-from market.models import Allocation, Round
+from market.models import Allocation, Reclaim, Round
 from market.services.settlement import allocations_energy_settle
 from telemetry.models import Gpu, Sample, SampleMinute
 
@@ -90,14 +90,33 @@ def allocations_energy_meter(*, now: datetime | None = None) -> list[Allocation]
         return []
     uuids = {p["uuid"] for a in allocations for p in a.placement}
     gpu_of = dict(Gpu.objects.filter(uuid__in=uuids).values_list("uuid", "pk"))
+    # A GPU reclaimed idle (docs/capacity.md "Idle reclaim") stays in its allocation's
+    # placement but is backfilled to other work: its energy is the allocation's only until
+    # it was reclaimed.
+    reclaimed = {
+        (allocation_id, uuid): at
+        for allocation_id, uuid, at in Reclaim.objects.filter(
+            allocation__in=allocations,
+            status=Reclaim.Status.RECLAIMED,
+            reclaimed_at__isnull=False,
+        ).values_list("allocation_id", "gpu_uuid", "reclaimed_at")
+    }
     metered: dict[int, int] = {}
     for allocation in allocations:
-        gpus = [gpu_of[p["uuid"]] for p in allocation.placement if p["uuid"] in gpu_of]
+        spans = Q()
+        for placed in allocation.placement:
+            gpu = gpu_of.get(placed["uuid"])
+            if gpu is None:
+                continue
+            end = min(
+                allocation.ends_at,
+                reclaimed.get((allocation.pk, placed["uuid"]), allocation.ends_at),
+            )
+            spans |= Q(gpu_id=gpu, minute__gte=allocation.starts_at, minute__lt=end)
         joules = (
-            SampleMinute.objects.filter(
-                gpu_id__in=gpus, minute__gte=allocation.starts_at, minute__lt=allocation.ends_at
-            ).aggregate(total=Sum("energy_j"))["total"]
-            or 0.0
+            SampleMinute.objects.filter(spans).aggregate(total=Sum("energy_j"))["total"] or 0.0
+            if spans
+            else 0.0
         )
         # Whole joules, rounded down: a charge is never for energy not measured.
         metered[allocation.pk] = max(int(joules), 0)

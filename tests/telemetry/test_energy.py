@@ -457,3 +457,55 @@ def test_unmetered_allocations_show_no_kwh(tier):
     allocation.refresh_from_db()
     assert allocation.energy_j is None and allocation.energy_charge == 0
     assert Allocation.objects.filter(energy_j__isnull=False).count() == 0
+
+
+def test_a_reclaimed_gpu_meters_its_energy_to_its_allocation_only_until_reclaimed(tier):
+    from market.models import Reclaim
+
+    team = factories.tenant(name="Vision", credits=100 * MILLI)
+    node, _ = node_register(name="n1", tier=tier, actor="test")
+    policy_active()
+    start = (timezone.now() - timedelta(hours=2)).replace(minute=0, second=0, microsecond=0)
+    end = start + timedelta(minutes=10)
+    samples_ingest(
+        node=node, payload=batch(gpus=2, at=timezone.now()), now=timezone.now()
+    )  # discovers the GPUs
+    gpus = list(Gpu.objects.order_by("index"))
+    for gpu in gpus:
+        for m in range(10):
+            SampleMinute.objects.create(
+                gpu=gpu,
+                minute=start + timedelta(minutes=m),
+                samples=12,
+                utilization_avg=0,
+                utilization_max=0,
+                memory_used_avg=0,
+                memory_used_max=0,
+                power_avg=100,
+                power_max=100,
+                temperature_max=40,
+                energy_j_last=0,
+                energy_j=6_000.0,  # 100 W for a minute
+            )
+    allocation = allocation_make(tenant=team, tier=tier, gpus=2, starts_at=start, ends_at=end)
+    allocation.placement = [{"node": "n1", "index": g.index, "uuid": g.uuid} for g in gpus]
+    allocation.save(update_fields=["placement"])
+    Reclaim.objects.create(
+        allocation=allocation,
+        tenant=team,
+        tier=tier,
+        gpu_uuid=gpus[1].uuid,
+        node="n1",
+        gpu_index=1,
+        status=Reclaim.Status.RECLAIMED,
+        idle_since=start,
+        noticed_at=start + timedelta(minutes=2),
+        reclaim_after=start + timedelta(minutes=4),
+        reclaimed_at=start + timedelta(minutes=4),
+    )
+
+    allocations_energy_meter(now=end + timedelta(minutes=10))
+
+    allocation.refresh_from_db()
+    # GPU 0 for the whole 10 minutes, GPU 1 for the 4 minutes before it was reclaimed.
+    assert allocation.energy_j == 6_000 * (10 + 4)
