@@ -297,3 +297,42 @@ def test_fisher_prices_count_only_the_money_of_the_buyers_in_the_program():
         with path(way):
             result = clear(inst, mechanism="fisher", divisible=True)
         assert result.prices["t0"] == pytest.approx(want.prices[0], rel=1e-4), way
+
+
+@pytest.mark.parametrize("divisible", [True, False])
+def test_larger_rounds_hold_to_the_reference(divisible):
+    """About 750 arcs, past the exact programs' 600: welfare's guarantee bundles and the
+    whole-GPU rounding of maxmin and fisher are no longer exact, so they are held to the
+    reference as a bound (and welfare within 5 % of it: 2.2 % and 1.1 % measured on this
+    round); maxmin's and fisher's fractional programs still are exact."""
+    from tests.market.clearing.test_partition import _instance
+
+    inst = _instance(tenants=30, bids=500, seed=1, gang_share=0.0)
+    a = instance_arrays(inst)
+    assert a.arc_bid.size > 600
+    v = reference.tier_values(a)
+
+    want = reference.welfare(a, divisible=divisible)
+    x = arc_gpus(a, clear(inst, divisible=divisible))
+    surplus = (a.arc_price - a.reserve[a.arc_tier]) @ x
+    assert 0.95 * want.objective <= surplus <= want.objective * (1 + 1e-9)
+    assert meets_guarantees(utility(a, a.arc_price, x), want.guarantee)
+
+    result = clear(inst, mechanism="maxmin", divisible=divisible)
+    if divisible:
+        check_maxmin(a, result, divisible)
+    else:
+        want = reference.maxmin(a, divisible=False)
+        u = utility(a, v, arc_gpus(a, result))
+        assert meets_guarantees(u, want.guarantee)
+        assert result.diagnostics["min_share_ratio"] <= want.tau * (1 + 1e-9)
+
+    result = clear(inst, mechanism="fisher", divisible=divisible)
+    if divisible:
+        check_fisher(a, result)
+    else:
+        want = reference.fisher(a, divisible=False)
+        u = utility(a, v, arc_gpus(a, result))
+        assert meets_guarantees(u, want.guarantee)
+        buyer = want.utility > 1e-6
+        assert reference.budgets(a)[buyer] @ np.log(u[buyer]) <= want.objective
