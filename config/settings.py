@@ -95,6 +95,7 @@ INSTALLED_APPS = [
     "market",
     "telemetry",
     "planning",
+    "alerts",
     "axes",
 ]
 
@@ -359,6 +360,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "audit.checkpoint",
         "schedule": float(os.environ.get("GPUMARKET_AUDIT_CHECKPOINT_SECONDS", "60")),
     },
+    "alerts-digest": {
+        "task": "alerts.digest",
+        "schedule": float(os.environ.get("GPUMARKET_ALERT_DIGEST_SECONDS", "60")),
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TIMEZONE = "UTC"
@@ -453,3 +458,28 @@ if os.environ.get("GPUMARKET_WEB_LOG"):
     }
     for _name in ("django.server", "django.request"):
         LOGGING["loggers"][_name] = {"handlers": ["web_file"], "propagate": False}
+
+# Alerts that leave the app (alerts/, docs/alerts.md). Mail goes through Django's SMTP backend
+# when EMAIL_HOST is set; without it (the demo) each message is written as a file under
+# var/mail/, so nothing is sent by accident.
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "gpumarket <gpumarket@localhost>")
+if EMAIL_HOST:
+    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+    EMAIL_FILE_PATH = str(VAR_DIR / "mail")
+# Hosts a webhook may reach although they resolve to a loopback or private address.
+GPUMARKET_WEBHOOK_ALLOWED_HOSTS = [
+    h for h in os.environ.get("GPUMARKET_WEBHOOK_ALLOWED_HOSTS", "").split(",") if h.strip()
+]
+GPUMARKET_WEBHOOK_TIMEOUT_SECONDS = env_int("GPUMARKET_WEBHOOK_TIMEOUT_SECONDS", 5)
+GPUMARKET_WEBHOOKS_PER_TEAM = env_int("GPUMARKET_WEBHOOKS_PER_TEAM", 5)
+GPUMARKET_ALERT_MAX_ATTEMPTS = env_int("GPUMARKET_ALERT_MAX_ATTEMPTS", 6)
+GPUMARKET_ALERT_RETRY_BASE_SECONDS = env_int("GPUMARKET_ALERT_RETRY_BASE_SECONDS", 30)

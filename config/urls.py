@@ -25,5 +25,6 @@ urlpatterns = [
     path("fleet/", include("telemetry.urls")),
     path("audit/", include("audit.urls")),
     path("planning/", include("planning.urls")),
+    path("alerts/", include("alerts.urls")),
     path("", include("tenants.urls")),
 ]
