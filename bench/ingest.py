@@ -1,5 +1,6 @@
 """Ingest rate: samples per second through the HTTP endpoint into PostgreSQL, against the bare
-COPY rate of the same rows (and a multi-row INSERT, to show why the endpoint uses COPY).
+COPY rate of the same rows (text COPY, the anchor of the goal, and binary COPY, the format
+the endpoint writes), and a multi-row INSERT, to show why the endpoint uses COPY.
 
 A benchmark, not a test. It makes its own database (dropped and re-created on each run),
 starts the app under gunicorn on 127.0.0.1, and posts pre-encoded batches from client
@@ -191,13 +192,33 @@ def _copy_rate(rows: list[tuple]) -> float:
     return len(rows) / (time.perf_counter() - started)
 
 
+def _copy_binary_rate(rows: list[tuple]) -> float:
+    """The same rows by binary COPY, two days on (distinct from the other copies)."""
+    from django.db import connection, transaction
+
+    from telemetry.models import Sample
+    from telemetry.services.ingest import _SAMPLE_COLUMNS
+
+    shifted = [(r[0], r[1] + timedelta(days=2), *r[2:]) for r in rows]
+    types = [Sample._meta.get_field(name).db_type(connection) for name in _SAMPLE_COLUMNS]
+    statement = (
+        f"COPY {Sample._meta.db_table} ({', '.join(_SAMPLE_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+    )
+    started = time.perf_counter()
+    with transaction.atomic(), connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
+        copy.set_types(types)
+        for row in shifted:
+            copy.write_row(row)
+    return len(rows) / (time.perf_counter() - started)
+
+
 def _insert_rate(rows: list[tuple]) -> float:
     from django.db import transaction
 
     from telemetry.models import Sample
     from telemetry.services.ingest import _SAMPLE_COLUMNS
 
-    shifted = [(r[0], r[1] + timedelta(days=1), *r[2:]) for r in rows]
+    shifted = [(r[0], r[1] + timedelta(days=3), *r[2:]) for r in rows]
     started = time.perf_counter()
     with transaction.atomic():
         Sample.objects.bulk_create(
@@ -313,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu_ids = dict(Gpu.objects.values_list("uuid", "pk"))
     rows = _rows(bodies, gpu_ids)
     copy_rate = _copy_rate(rows)
+    binary_rate = _copy_binary_rate(rows)
     insert_rate = _insert_rate(rows)
     http_rate = total / elapsed
     with connection.cursor() as cursor:
@@ -330,8 +352,10 @@ def main(argv: list[str] | None = None) -> int:
         "http_seconds": round(elapsed, 3),
         "http_samples_per_s": round(http_rate),
         "bare_copy_samples_per_s": round(copy_rate),
+        "bare_binary_copy_samples_per_s": round(binary_rate),
         "bulk_insert_samples_per_s": round(insert_rate),
         "http_to_copy_ratio": round(http_rate / copy_rate, 3),
+        "http_to_binary_copy_ratio": round(http_rate / binary_rate, 3),
     }
     print(json.dumps(result, indent=2))
     return 0
