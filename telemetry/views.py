@@ -250,8 +250,9 @@ def enforcement_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus scrape endpoint: it asks for the GPUMARKET_METRICS_TOKEN bearer token, which
-    only the development server (DEBUG) may run without. The figures are platform-wide
-    aggregates with no tenant names either way."""
+    only the development server (DEBUG) may run without. Per-team series are labelled with
+    the team's slug (never its name) and carry its balances and spend, so the token and the
+    Prometheus storage need the access control of the staff pages (docs/security.md)."""
     token = settings.GPUMARKET_METRICS_TOKEN
     if token or not settings.DEBUG:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
