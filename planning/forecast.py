@@ -17,7 +17,7 @@ warning says the weekly pattern cannot be seen. The backtest (``backtest_scores`
 candidate on the history up to a few origins and scores it at 1 day, 1 week and 4 weeks
 ahead: WAPE (sum of absolute errors over sum of demand) and MASE (mean absolute error over
 the in-sample mean absolute error of the seasonal-naive rule). The model with the least WAPE
-at the backtest horizon nearest the forecast's horizon is chosen; a tie goes to the simpler.
+averaged over the scored horizons is chosen; a tie goes to the simpler.
 P10 and P90 are the chosen model's forecast plus the 10th and 90th percentiles of its own
 backtest errors at the same lead (up to a day, up to a week, beyond); without a backtest, of
 the seasonal-naive rule's in-sample errors. Demand is never negative: every quantile is
@@ -245,19 +245,19 @@ def backtest_scores(
     return _scores(_backtest(y, day=rounds_per_day, models=models), rounds_per_day)
 
 
-def _horizon_for(horizon: int, day: int, scored: set[str]) -> str | None:
-    """The scored backtest horizon nearest the forecast's ``horizon`` rounds."""
-    if not scored:
-        return None
-    return min(scored, key=lambda label: abs(HORIZON_DAYS[label] * day - horizon))
-
-
-def _choose(scores: Sequence[Score], horizon: int, day: int) -> str:
-    label = _horizon_for(horizon, day, {s.horizon for s in scores if s.wape_pct is not None})
-    if label is None:
+def _choose(scores: Sequence[Score]) -> str:
+    """The candidate with the least mean WAPE over the horizons scored for every candidate
+    (more scored windows make a steadier choice than the one nearest horizon alone); a tie
+    goes to the simpler."""
+    scored = {s.horizon for s in scores if s.wape_pct is not None}
+    by_model: dict[str, list[float]] = {}
+    for s in scores:
+        if s.horizon in scored and s.wape_pct is not None:
+            by_model.setdefault(s.model, []).append(s.wape_pct)
+    complete = {m: w for m, w in by_model.items() if len(w) == len(scored)}
+    if not complete:
         return SEASONAL_NAIVE
-    ranked = [s for s in scores if s.horizon == label and s.wape_pct is not None]
-    return min(ranked, key=lambda s: (round(s.wape_pct or 0.0, 6), MODELS.index(s.model))).model
+    return min(complete, key=lambda m: (round(sum(complete[m]) / len(scored), 6), MODELS.index(m)))
 
 
 def _bucket(lead: int, day: int) -> int:
@@ -329,7 +329,7 @@ def demand_forecast(
         )
     errors = _backtest(y, day=day, models=MODELS)
     scores = _scores(errors, day)
-    model = _choose(scores, horizon, day)
+    model = _choose(scores)
     p50 = np.maximum(model_forecast(model, y, horizon=horizon, day=day), 0.0)
     low, high = _bands(y, errors.leads[model], horizon, day)
     return DemandForecast(
