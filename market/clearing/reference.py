@@ -24,7 +24,7 @@ import scipy.sparse as sp
 
 from .inputs import Arrays
 
-EPS = 1e-9  # as rules.EPS: 0.3 * 10 = 2.9999999999999996 floors to 3, not 2
+EPS = 1e-9  # as rules.EPS: floor(0.3 * 10 + EPS) is 3, where 0.3 * 10 = 2.9999999999999996
 CAPACITY = 1  # market_rules' capacity rows
 
 

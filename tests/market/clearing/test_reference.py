@@ -142,7 +142,7 @@ def check_fisher(a: Arrays, result) -> reference.Answer:
     u = utility(a, v, arc_gpus(a, result))
     assert meets_guarantees(u, want.guarantee)
     budget = reference.budgets(a)
-    buyer = np.isfinite(np.log(np.maximum(want.utility, 0.0))) & (budget > 0)
+    buyer = (want.utility > 1e-9) & (budget > 0)
     buyer &= (a.weight > 0) | ~(a.weight > 0).any()
     # The optimum's utilities are unique (log is strictly concave), so compare them.
     np.testing.assert_allclose(u[buyer], want.utility[buyer], rtol=2e-3, atol=1e-4)
