@@ -23,7 +23,7 @@ from django.db import transaction
 from django.db.models import Sum
 
 import audit.services as audit
-from market.models import Allocation
+from market.models import Allocation, Reclaim
 from market.placement import FreeGpu, Request, place
 from market.placement.inventory import tier_gpus
 from market.services._common import now_or
@@ -132,6 +132,13 @@ def allocations_gpus_failed(
         ).values_list("pk", "placement")
         if any(g["uuid"] in uuids for g in placement)
     ]
+    # A reclaimed GPU stays in its former owner's placement but is no longer its to run on
+    # (it is the backfill's): its failure is not the owner's.
+    reclaimed = set(
+        Reclaim.objects.filter(
+            allocation_id__in=candidates, status=Reclaim.Status.RECLAIMED, gpu_uuid__in=failed
+        ).values_list("allocation_id", "gpu_uuid")
+    )
     outcomes = []
     for allocation in (
         Allocation.objects.select_for_update(of=("self",))
@@ -139,7 +146,11 @@ def allocations_gpus_failed(
         .select_related("tier", "bid__campaign", "tenant")
         .order_by("pk")
     ):
-        mine = sorted(g["uuid"] for g in allocation.placement if g["uuid"] in uuids)
+        mine = sorted(
+            g["uuid"]
+            for g in allocation.placement
+            if g["uuid"] in uuids and (allocation.pk, g["uuid"]) not in reclaimed
+        )
         if not mine:
             continue
         placed = _replacement(allocation, now=now) if replace else None
