@@ -61,6 +61,9 @@ def test_manager_declares_a_campaign_and_an_admin_plans_for_it(page, monkeypatch
     page.goto(f"/planning/scenarios/{scenario.pk}/")
     assert "Done" in page.inner_text("#scenario-status")
     assert "a100" in page.inner_text("#backtest")
+    # Eight hours of history: the page warns before anything else that it cannot be checked.
+    assert "a weekly pattern needs two weeks" in page.inner_text("#plan-warnings")
+    page.wait_for_selector("#forecast-chart .main-svg")
     weeks = page.inner_text("#weeks-a100")
     assert "Price now" in weeks and "Wait with" in weeks
     page.wait_for_selector("#price-wait-chart .main-svg")
