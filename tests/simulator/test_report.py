@@ -115,6 +115,9 @@ def test_simulate_command_writes_the_report(tmp_path):
         (["--restart-seconds", "-1"], "restart cost must be 0 or more"),
         (["--round-minutes", "1", "--restart-seconds", "60"], "shorter than a round"),
         (["--job-model", "fluid", "--restart-seconds", "30"], "needs the gang job model"),
+        (["--idle-reclaim", "10,10"], "four whole numbers BELOW,IDLE,GRACE,REFUND"),
+        (["--idle-reclaim", "0,10,5,100"], "BELOW in 1-100 %"),
+        (["--utilisation", "0.5", "--job-model", "fluid"], "gang"),
     ],
 )
 def test_simulate_command_refuses_bad_arguments_with_status_2(tmp_path, args, message):
@@ -130,6 +133,43 @@ def test_simulate_command_refuses_bad_arguments_with_status_2(tmp_path, args, me
             stderr=StringIO(),
         )
     assert refused.value.returncode == 2
+
+
+def test_idle_reclaim_and_backfill_from_the_command_raise_utilisation(tmp_path):
+    """Jobs busy half the time they hold GPUs: reclaim and backfill, set from the command,
+    give the idle GPUs to waiting jobs, and the report says how it was run."""
+
+    def run(*extra):
+        out = StringIO()
+        call_command(
+            "simulate",
+            "--trace",
+            str(DATA / "head40.trace"),
+            "--max-jobs",
+            "20",
+            "--policy",
+            "welfare",
+            "--tiers",
+            "k80=4,v100=4",
+            "--format",
+            "json",
+            "--utilisation",
+            "0.5",
+            "--out",
+            str(tmp_path),
+            *extra,
+            stdout=out,
+            stderr=StringIO(),
+        )
+        return json.loads(out.getvalue())
+
+    plain = run()
+    spare = run("--idle-reclaim", "10,10,5,100", "--backfill-minutes", "10")
+    assert "busy 50% of their holding" in spare["context"]
+    assert "idle reclaim below 10 % for 10+5 min" in spare["context"]
+    assert "backfill every 10 min" in spare["context"] and "no backfill" in plain["context"]
+    [before], [after] = plain["policies"], spare["policies"]
+    assert after["utilisation"] > before["utilisation"]
 
 
 def test_simulate_command_needs_a_trace_or_rounds():

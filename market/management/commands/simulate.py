@@ -33,6 +33,8 @@ from market.simulator import (
     trace_load,
 )
 from market.simulator.report import summary_json
+from market.simulator.spare import IDLE_STRETCHES
+from market.spare import IdlePolicy
 
 MECHANISMS = ("welfare", "fisher", "maxmin")
 FORMATS = ("text", "markdown", "json")
@@ -41,6 +43,41 @@ BAD_INPUT = 2  # exit status for arguments or files the user must fix
 
 def _bad(message: str) -> CommandError:
     return CommandError(message, returncode=BAD_INPUT)
+
+
+def _spare_context(config: SimConfig) -> str:
+    if not config.spare:
+        return ""
+    reclaim = config.idle_reclaim
+    return (
+        f", jobs busy {config.utilisation:.0%} of their holding (idle at the {config.idle_stretch})"
+        + (
+            f", idle reclaim below {reclaim.below_pct} % for {reclaim.idle_minutes}+{reclaim.grace_minutes} min"
+            if reclaim
+            else ", no idle reclaim"
+        )
+        + (
+            f", backfill every {config.backfill_minutes} min"
+            if config.backfill_minutes
+            else ", no backfill"
+        )
+    )
+
+
+def _idle_policy(text: str | None) -> IdlePolicy | None:
+    """``BELOW,IDLE,GRACE,REFUND`` (whole numbers) as the platform's idle-reclaim policy."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        raise _bad(
+            f"--idle-reclaim: four whole numbers BELOW,IDLE,GRACE,REFUND (e.g. 10,10,5,100), "
+            f"got {text!r}"
+        )
+    below, idle, grace, refund = (int(p) for p in parts)
+    if not (0 < below <= 100 and idle > 0 and refund <= 100):
+        raise _bad("--idle-reclaim: BELOW in 1-100 %, IDLE at least a minute, REFUND at most 100 %")
+    return IdlePolicy(below_pct=below, idle_minutes=idle, grace_minutes=grace, refund_pct=refund)
 
 
 def _tiers(text: str) -> dict[str, int]:
@@ -158,6 +195,34 @@ class Command(BaseCommand):
             help="progress a gang loses each time it is stopped or moved (default 0: the papers' setting)",
         )
         parser.add_argument(
+            "--utilisation",
+            type=float,
+            default=1.0,
+            help="share of the time it holds GPUs a job computes, where the trace does not say "
+            "(default 1: always busy)",
+        )
+        parser.add_argument(
+            "--idle-stretch",
+            choices=IDLE_STRETCHES,
+            default="end",
+            help="where a job's idle time falls in its holding: at the end, or in the middle "
+            "(its owner comes back)",
+        )
+        parser.add_argument(
+            "--idle-reclaim",
+            default=None,
+            metavar="BELOW,IDLE,GRACE,REFUND",
+            help="reclaim idle GPUs as the platform's policy does: utilisation below BELOW %% "
+            "for IDLE minutes, then GRACE more minutes; refund REFUND %% of the unused time "
+            "(e.g. 10,10,5,100)",
+        )
+        parser.add_argument(
+            "--backfill-minutes",
+            type=int,
+            default=None,
+            help="offer unsold and reclaimed GPUs in sub-rounds this many minutes apart",
+        )
+        parser.add_argument(
             "--format",
             choices=FORMATS,
             default="text",
@@ -222,6 +287,10 @@ class Command(BaseCommand):
                 job_model=options["job_model"],
                 half_life_hours=options["half_life_hours"],
                 restart_seconds=options["restart_seconds"],
+                utilisation=options["utilisation"],
+                idle_stretch=options["idle_stretch"],
+                idle_reclaim=_idle_policy(options["idle_reclaim"]),
+                backfill_minutes=options["backfill_minutes"],
             )
             config.validate()
             results = []
@@ -242,7 +311,8 @@ class Command(BaseCommand):
             f"{len(jobs)} jobs of {trace.name} ({summaries[0].extrapolated_jobs} with throughput scaled from a "
             f"smaller measured gang, {results[0].shrunk_jobs} gangs larger than any GPU type run on the largest), "
             f"tiers {options['tiers']}, {who}, {config.round_minutes:g}-minute rounds, "
-            f"{config.job_model} job model, {config.restart_seconds} s restart cost. Machine: {machine()}."
+            f"{config.job_model} job model, {config.restart_seconds} s restart cost{_spare_context(config)}. "
+            f"Machine: {machine()}."
         )
         paths = report_write(
             results=results, summaries=summaries, out=out, command=command, context=context
