@@ -6,13 +6,14 @@ which brings locust) and PostgreSQL and Redis as for the tests:
     .venv/bin/python bench/bidstorm.py [--users 40] [--seconds 60] [--workers 2]
 
 Phases, each against gunicorn with --workers processes on a fresh database:
-1. place only, --place-seconds: place-bid throughput;
-2. the same load on the same endpoint without the market's bookkeeping (bench/bare_api: the
+1. the same load on the same endpoint without the market's bookkeeping (bench/bare_api: the
    platform's stack and checks, the bid and its limits in one transaction, no escrow, budget
    check or audit): what those three cost; its bids are deleted after the phase;
-3. the same load on a bare Django site that parses the same JSON and writes one row in a
-   transaction (bench/bare): the baseline of the issue's ratio;
-4. the storm: place/edit/cancel (6:2:1) for --seconds, up to the round's close, with two
+2. place only (place-bid throughput) and the same load on a bare Django site that parses the
+   same JSON and writes one row in a transaction (bench/bare: the baseline of the issue's
+   ratio), taking turns in --slices slices of --place-seconds / --slices each, so that other
+   work on the machine weighs on both alike;
+3. the storm: place/edit/cancel (6:2:1) for --seconds, up to the round's close, with two
    simulated agents posting telemetry; then beat ticks until the round is settled.
 
 Checks: no error but the 409s the market gives on purpose; every bid the server confirmed to a
@@ -164,6 +165,27 @@ def _locust(
     return rows
 
 
+def _merged(slices: list[dict], name: str) -> dict:
+    """One phase run as several slices: the requests of all, the rate over their time taken
+    together, the median of their p50s and the highest p99 (percentiles do not add), every
+    slice's rate, and the errors of all."""
+    rows = [s[name] for s in slices]
+    seconds = sum(r["requests"] / r["per_s"] for r in rows if r["per_s"])
+    requests = sum(r["requests"] for r in rows)
+    p50s = sorted(r["p50_ms"] for r in rows)
+    return {
+        name: {
+            "requests": requests,
+            "failures": sum(r["failures"] for r in rows),
+            "per_s": requests / seconds if seconds else 0.0,
+            "p50_ms": p50s[len(p50s) // 2],
+            "p99_ms": max(r["p99_ms"] for r in rows),
+            "slices_per_s": [round(r["per_s"], 1) for r in rows],
+        },
+        "errors": [e for s in slices for e in s["errors"]],
+    }
+
+
 def _ticks(redis: str, stop: threading.Event) -> None:
     from celery import Celery
 
@@ -181,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tenants", type=int, default=10)
     parser.add_argument("--seconds", type=int, default=60, help="the storm before the close")
     parser.add_argument("--place-seconds", type=int, default=30, help="each throughput phase")
+    parser.add_argument(
+        "--slices", type=int, default=3, help="turns that place and the bare write take"
+    )
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
     args = parser.parse_args(argv)
 
@@ -225,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     policy_activate(version=version, actor=None)
     now = timezone.now()
     rnd = round_open_next(now=now)
-    phases = 2 * args.place_seconds + args.seconds + 60  # start-up margin
+    phases = 2 * args.place_seconds + args.seconds + 60 + 8 * args.slices  # start-up margins
     # The benchmark's round closes when the storm ends: its close is moved up (bench only).
     close_at = now + timedelta(seconds=phases)
     Round.objects.filter(pk=rnd.pk).update(closes_at=close_at)
@@ -279,8 +304,6 @@ def main(argv: list[str] | None = None) -> int:
         _wait_http(f"http://127.0.0.1:{bare_port}/ready/", bare)
         _wait_http(f"http://127.0.0.1:{unbooked_port}/api/v1/bids", unbooked)
         web_url = f"http://127.0.0.1:{web_port}"
-        place = _locust(web_url, users=args.users, seconds=args.place_seconds, mode="place",
-                        env=env, prefix=out / "place")  # fmt: skip
         without = _locust(f"http://127.0.0.1:{unbooked_port}", users=args.users,
                           seconds=args.place_seconds, mode="unbooked", env=env,
                           prefix=out / "unbooked")  # fmt: skip
@@ -288,9 +311,18 @@ def main(argv: list[str] | None = None) -> int:
         # finished the requests still in flight (a graceful stop).
         _stop(unbooked)
         Bid.objects.filter(round=rnd, note=UNBOOKED_NOTE).delete()
-        baseline = _locust(f"http://127.0.0.1:{bare_port}", users=args.users,
-                           seconds=args.place_seconds, mode="bare", env=env,
-                           prefix=out / "bare")  # fmt: skip
+        # Place and the bare write take turns, so that other work on the machine weighs on
+        # both alike: the ratio is of the slices' rates taken together.
+        slice_seconds = max(5, args.place_seconds // args.slices)
+        place_slices, bare_slices = [], []
+        for k in range(args.slices):
+            place_slices.append(_locust(web_url, users=args.users, seconds=slice_seconds,
+                                        mode="place", env=env, prefix=out / f"place{k}"))  # fmt: skip
+            bare_slices.append(_locust(f"http://127.0.0.1:{bare_port}", users=args.users,
+                                       seconds=slice_seconds, mode="bare", env=env,
+                                       prefix=out / f"bare{k}"))  # fmt: skip
+        place = _merged(place_slices, "POST place")
+        baseline = _merged(bare_slices, "POST bare write")
         for n in range(2):
             node, token = node_register(name=f"storm-node-{n}", tier=tier_a, actor="bench")
             agents.append(subprocess.Popen(
