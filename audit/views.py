@@ -1,4 +1,7 @@
-"""Audit review for platform staff: filter the log, verify the chain, export what is shown."""
+"""Audit review: filter the log, verify the chain, export what is shown.
+
+Staff and auditors see the whole log; a team's manager sees the team's events (``audit.access``).
+"""
 
 from __future__ import annotations
 
@@ -10,16 +13,18 @@ from datetime import UTC, datetime, time, timedelta
 from django import forms
 from django.apps import apps
 from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from audit.access import AuditScope, audit_scope
 from audit.display import in_credits
 from audit.models import AuditEvent
 from audit.selectors import chain_verify, events_filter
-from core.auth import staff_required
 
 PAGE_SIZE = 50
 
@@ -44,9 +49,12 @@ class AuditFilterForm(forms.Form):
         widget=forms.DateInput(attrs={"type": "date"}),
     )
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, scope: AuditScope | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["tenant"].queryset = _tenants()
+        tenants = _tenants()
+        if scope is not None and scope.tenant_id is not None:
+            tenants = tenants.filter(pk=scope.tenant_id)
+        self.fields["tenant"].queryset = tenants
 
     def clean(self):
         cleaned = super().clean()
@@ -71,31 +79,37 @@ class AuditFilterForm(forms.Form):
         }
 
 
-def _filtered(request: HttpRequest) -> tuple[AuditFilterForm, object]:
-    form = AuditFilterForm(request.GET or None)
+def _filtered(request: HttpRequest, scope: AuditScope) -> tuple[AuditFilterForm, object]:
+    form = AuditFilterForm(request.GET or None, scope=scope)
     if request.GET and not form.is_valid():
         return form, AuditEvent.objects.none()
     kwargs = form.filter_kwargs() if request.GET else {}
+    if scope.tenant_id is not None:
+        # Whatever was asked, a manager reads the team's events only.
+        kwargs["tenant_id"] = scope.tenant_id
     return form, events_filter(**kwargs)
 
 
 @require_GET
-@staff_required
+@login_required
 def audit_review(request: HttpRequest) -> HttpResponse:
-    form, events = _filtered(request)
+    scope = audit_scope(request.user)
+    form, events = _filtered(request, scope)
     page = Paginator(events, PAGE_SIZE).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
     return render(
         request,
         "audit/review.html",
-        {"form": form, "page": page, "query": query.urlencode()},
+        {"form": form, "page": page, "query": query.urlencode(), "scope": scope},
     )
 
 
 @require_POST
-@staff_required
+@login_required
 def audit_verify(request: HttpRequest) -> HttpResponse:
+    if not audit_scope(request.user).may_verify:
+        raise PermissionDenied("Verifying the whole chain is for administrators and auditors.")
     report = chain_verify()
     if report.ok:
         messages.success(request, report.describe())
@@ -158,14 +172,20 @@ def _csv_rows(events) -> Iterator[list[str]]:
 
 
 @require_GET
-@staff_required
+@login_required
 def audit_export(request: HttpRequest) -> HttpResponse:
-    form, events = _filtered(request)
+    scope = audit_scope(request.user)
+    form, events = _filtered(request, scope)
     if request.GET and not form.is_valid():
         return render(
             request,
             "audit/review.html",
-            {"form": form, "page": Paginator(events, PAGE_SIZE).get_page(1), "query": ""},
+            {
+                "form": form,
+                "page": Paginator(events, PAGE_SIZE).get_page(1),
+                "query": "",
+                "scope": scope,
+            },
             status=400,
         )
     writer = csv.writer(_Echo())

@@ -15,6 +15,7 @@ from drf_spectacular.views import (
 from rest_framework.routers import DefaultRouter
 
 from audit.api.views import AuditEventViewSet
+from governance.api.views import ChangeRequestViewSet
 from market.api.views import (
     AllocationViewSet,
     BidViewSet,
@@ -51,6 +52,7 @@ router.register("budgets", BudgetViewSet, basename="budget")
 router.register("campaigns", CampaignViewSet, basename="campaign")
 router.register("notifications", NotificationViewSet, basename="notification")
 router.register("audit", AuditEventViewSet, basename="audit-event")
+router.register("approvals", ChangeRequestViewSet, basename="change-request")
 router.register("planning/campaigns", PlannedCampaignViewSet, basename="planned-campaign")
 router.register("planning/scenarios", ScenarioViewSet, basename="scenario")
 

@@ -6,6 +6,7 @@ server, ``DEBUG`` on. Production sets ``DATABASE_URL`` (PostgreSQL), ``CELERY_BR
 """
 
 import importlib.util
+import json
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -95,6 +96,7 @@ INSTALLED_APPS = [
     "market",
     "telemetry",
     "planning",
+    "governance",
     "alerts",
     "axes",
 ]
@@ -107,6 +109,8 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # Refuses an auditor's writes before any view, and audits every refused write.
+    "governance.middleware.ReadOnlyRolesMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     # Last, as django-axes asks: it turns a locked-out sign-in into the lock-out page.
@@ -360,6 +364,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "audit.checkpoint",
         "schedule": float(os.environ.get("GPUMARKET_AUDIT_CHECKPOINT_SECONDS", "60")),
     },
+    "approvals-expire": {"task": "governance.approvals_expire", "schedule": 300.0},
     "alerts-digest": {
         "task": "alerts.digest",
         "schedule": float(os.environ.get("GPUMARKET_ALERT_DIGEST_SECONDS", "60")),
@@ -392,6 +397,15 @@ GPUMARKET_PARTITION_TIMEOUT_SECONDS = env_int("GPUMARKET_PARTITION_TIMEOUT_SECON
 GPUMARKET_AUDIT_CHECKPOINT_PATH = os.environ.get(
     "GPUMARKET_AUDIT_CHECKPOINT_PATH", str(VAR_DIR / "audit-checkpoints.jsonl")
 )
+
+# The two-person rule (docs/governance.md): which changes wait for a second admin, as JSON,
+# e.g. {"policy_activate": {}, "credit_grant": {"above_credits": 10000}}; a kind left out is
+# made by one admin. Unset: the defaults in governance/rules.py. A request not decided within
+# GPUMARKET_APPROVAL_HOURS expires. Members of the GPUMARKET_AUDITOR_GROUP group read
+# everything a platform admin reads and change nothing.
+GPUMARKET_APPROVALS = json.loads(os.environ.get("GPUMARKET_APPROVALS") or "null")
+GPUMARKET_APPROVAL_HOURS = env_int("GPUMARKET_APPROVAL_HOURS", 72)
+GPUMARKET_AUDITOR_GROUP = os.environ.get("GPUMARKET_AUDITOR_GROUP", "auditor")
 
 # The bearer token /metrics asks for. Required when DEBUG is off: the figures are
 # platform-wide aggregates, but they are nobody's business outside the operators.

@@ -24,6 +24,7 @@ urlpatterns = [
     path("market/", include("market.urls")),
     path("fleet/", include("telemetry.urls")),
     path("audit/", include("audit.urls")),
+    path("governance/", include("governance.urls")),
     path("planning/", include("planning.urls")),
     path("alerts/", include("alerts.urls")),
     path("", include("tenants.urls")),

@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from core.auth import staff_required
+from core.auth import staff_or_auditor_required, staff_required
 from core.charts import figure_html
 from core.errors import DomainError
 from market.charts import round_utilisation
@@ -31,6 +31,7 @@ from market.selectors import (
 )
 from market.services import tier_create, tier_update
 from market.views import supply_demand_charts
+from tenants.approvals import NEEDS_APPROVAL, approval_form_url, approval_needed
 from tenants.models import Tenant
 
 
@@ -63,7 +64,7 @@ def _tiers_page(request, *, create_form=None, forms_by_pk=None, status=200):
 
 
 @require_http_methods(["GET", "POST"])
-@staff_required
+@staff_or_auditor_required
 def staff_tiers(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return _tiers_page(request)
@@ -85,6 +86,17 @@ def staff_tier_update(request: HttpRequest, pk: int) -> HttpResponse:
     tier = get_object_or_404(Tier, pk=pk)
     form = TierForm(request.POST, prefix=f"t{tier.pk}")
     if form.is_valid():
+        changes = dict(form.cleaned_data)
+        gated = {n: changes.pop(n) for n in ("capacity", "maintenance_gpus")}
+        if any(getattr(tier, n) != v for n, v in gated.items()) and approval_needed("tier_change"):
+            # The other fields apply now; the capacity waits for a second administrator.
+            try:
+                tier_update(tier=tier, actor=request.user, **changes)
+            except DomainError as exc:
+                form.add_error(None, str(exc))
+                return _tiers_page(request, forms_by_pk={tier.pk: form}, status=400)
+            messages.info(request, NEEDS_APPROVAL)
+            return redirect(approval_form_url("tier_change", tier=tier.pk, **gated))
         try:
             tier_update(tier=tier, actor=request.user, **form.cleaned_data)
         except DomainError as exc:
@@ -96,7 +108,7 @@ def staff_tier_update(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_GET
-@staff_required
+@staff_or_auditor_required
 def staff_rounds(request: HttpRequest) -> HttpResponse:
     page = Paginator(rounds_all(), 25).get_page(request.GET.get("page"))
     return render(request, "market/staff_rounds.html", {"page": page})
@@ -108,7 +120,7 @@ def _team_names(shadow: dict | None) -> dict[int, str]:
 
 
 @require_GET
-@staff_required
+@staff_or_auditor_required
 def staff_round_detail(request: HttpRequest, pk: int) -> HttpResponse:
     rnd = get_object_or_404(rounds_all(), pk=pk)
     allocations = round_allocations(rnd=rnd)

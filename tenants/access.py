@@ -30,6 +30,12 @@ def tenant_of(user: AbstractBaseUser | AnonymousUser | None) -> Tenant | None:
     return membership.tenant if membership else None
 
 
+def manager_tenant_of(user: AbstractBaseUser | AnonymousUser | None) -> Tenant | None:
+    """The team ``user`` manages, or None (a researcher, or no team)."""
+    membership = membership_of(user)
+    return membership.tenant if membership is not None and membership.is_manager else None
+
+
 def require_tenant(user: AbstractBaseUser | AnonymousUser | None) -> Tenant:
     tenant = tenant_of(user)
     if tenant is None:

@@ -16,10 +16,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from core.auth import staff_required
+from core.auth import staff_or_auditor_required
 from core.confirm import confirm_page
 from core.errors import DomainError
 from tenants.access import membership_of, require_tenant, scoped
+from tenants.approvals import NEEDS_APPROVAL, approval_form_url, approval_needed
 from tenants.budgets import budget_set, budget_usage, campaign_create, tenant_hard_capped
 from tenants.forms import (
     BudgetForm,
@@ -335,7 +336,7 @@ def _tenants_page(request, *, form=None, status=200):
 
 
 @require_http_methods(["GET", "POST"])
-@staff_required
+@staff_or_auditor_required
 def staff_tenants(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return _tenants_page(request)
@@ -367,13 +368,23 @@ def _credits_page(request, *, form=None, status=200):
 
 
 @require_http_methods(["GET", "POST"])
-@staff_required
+@staff_or_auditor_required
 def staff_credits(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return _credits_page(request)
     form = GrantForm(request.POST)
     if form.is_valid():
         data = form.cleaned_data
+        if approval_needed("credit_grant", amount=data["amount"]):
+            messages.info(request, NEEDS_APPROVAL)
+            return redirect(
+                approval_form_url(
+                    "credit_grant",
+                    tenant=data["tenant"].pk,
+                    amount=request.POST.get("amount"),
+                    reason=data["reason"],
+                )
+            )
         try:
             credits_grant(
                 tenant=data["tenant"],
@@ -404,13 +415,34 @@ def _budgets_page(request, *, form=None, status=200):
     )
 
 
+def _budget_raise(data: dict) -> int:
+    """How far a staff budget form raises the cap in force (0 for a new budget or a cut)."""
+    current = Budget.objects.filter(
+        tenant=data["tenant"], window=data["window"], campaign=data.get("campaign"), active=True
+    ).first()
+    return max(0, data["cap"] - current.cap) if current is not None else 0
+
+
 @require_http_methods(["GET", "POST"])
-@staff_required
+@staff_or_auditor_required
 def staff_budgets(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return _budgets_page(request)
     form = StaffBudgetForm(request.POST, campaigns=Campaign.objects.select_related("tenant"))
     if form.is_valid():
+        data = form.cleaned_data
+        if approval_needed("budget_raise", raise_by=_budget_raise(data)):
+            messages.info(request, NEEDS_APPROVAL)
+            return redirect(
+                approval_form_url(
+                    "budget_raise",
+                    tenant=data["tenant"].pk,
+                    window=data["window"],
+                    mode=data["mode"],
+                    cap=request.POST.get("cap"),
+                    campaign=data["campaign"].pk if data.get("campaign") else None,
+                )
+            )
         try:
             budget = _budget_set_from(form, tenant=form.cleaned_data["tenant"], actor=request.user)
         except DomainError as exc:

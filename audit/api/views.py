@@ -1,12 +1,15 @@
-"""The audit log over the API: platform admins only."""
+"""The audit log over the API: the whole log for platform admins and auditors, a team's
+events for its managers (``audit.access``)."""
 
 from __future__ import annotations
 
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from drf_spectacular.utils import extend_schema
-from rest_framework import permissions, serializers, viewsets
+from rest_framework import exceptions, permissions, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from audit.access import audit_scope
 from audit.models import AuditEvent
 from audit.selectors import chain_verify, events_filter
 from core.api import StrictLimitOffsetPagination, query_filters
@@ -68,16 +71,26 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
 
     queryset = AuditEvent.objects.all()
     serializer_class = AuditEventSerializer
-    permission_classes = [permissions.IsAdminUser]
+    permission_classes = [permissions.IsAuthenticated]
     pagination_class = AuditPagination
 
+    def _scope(self):
+        try:
+            return audit_scope(self.request.user)
+        except DjangoPermissionDenied as exc:
+            raise exceptions.PermissionDenied(str(exc)) from exc
+
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return AuditEvent.objects.none()
+        scope = self._scope()
         if self.action != "list":
-            return AuditEvent.objects.all()
+            events = AuditEvent.objects.all()
+            return events if scope.tenant_id is None else events.filter(tenant_id=scope.tenant_id)
         data = query_filters(self.request, AuditFilterSerializer)
         return events_filter(
             actor=data.get("actor", ""),
-            tenant_id=data.get("tenant"),
+            tenant_id=data.get("tenant") if scope.tenant_id is None else scope.tenant_id,
             action=data.get("action", ""),
             object_type=data.get("object_type", ""),
             object_id=data.get("object_id", ""),
@@ -92,6 +105,10 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(responses=ChainReportSerializer, summary="Verify the whole hash chain")
     @action(detail=False, pagination_class=None)
     def verify(self, request):
+        if not self._scope().may_verify:
+            raise exceptions.PermissionDenied(
+                "Verifying the whole chain is for administrators and auditors."
+            )
         report = chain_verify()
         return Response(
             ChainReportSerializer(

@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from core.auth import staff_required
+from core.auth import staff_or_auditor_required, staff_required
 from core.confirm import confirm_page, confirmed
 from core.errors import DomainError
 from market.models import PolicyVersion, Round, Tier
@@ -32,6 +32,7 @@ from market.services.policy import (
     policy_version_create,
 )
 from market.services.void import round_void
+from tenants.approvals import NEEDS_APPROVAL, approval_form_url, approval_needed
 from tenants.ledger import credits
 
 
@@ -43,7 +44,7 @@ def _tiers() -> list[Tier]:
     return list(Tier.objects.order_by("slug"))
 
 
-@staff_required
+@staff_or_auditor_required
 def policy_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
@@ -66,7 +67,7 @@ def _guardrail_value(name: str, value: object) -> str:
     return str(value)
 
 
-@staff_required
+@staff_or_auditor_required
 def policy_detail(request: HttpRequest, number: int) -> HttpResponse:
     version = _version(number)
     tiers = _tiers()
@@ -143,6 +144,9 @@ def _version_action(
 @staff_required
 @require_POST
 def policy_activate_view(request: HttpRequest, number: int) -> HttpResponse:
+    if approval_needed("policy_activate"):
+        messages.info(request, NEEDS_APPROVAL)
+        return redirect(approval_form_url("policy_activate", version=_version(number).number))
     if not confirmed(request):
         version = _version(number)
         return confirm_page(
@@ -180,7 +184,7 @@ def policy_shadow_clear(request: HttpRequest) -> HttpResponse:
     return redirect("policy_list")
 
 
-@staff_required
+@staff_or_auditor_required
 def shadow_compare(request: HttpRequest) -> HttpResponse:
     rows, totals = shadow_comparison(last=48)
     charts = (

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import AuthenticationFailed, PermissionDenied
+from rest_framework.permissions import SAFE_METHODS
 
+from core.auth import is_auditor
 from tenants.services.tokens import token_authenticate
 
 
@@ -35,6 +37,12 @@ class ApiTokenAuthentication(BaseAuthentication):
             )
         if not token.user.is_active:
             raise AuthenticationFailed("The account this token belongs to is disabled.")
+        if request.method not in SAFE_METHODS and is_auditor(token.user):
+            # The session's auditors are stopped before the view (governance's middleware);
+            # a token is only known here. Answered by the token lookup: no extra statement.
+            # The refusal leaves the request anonymous; the middleware audits it as this user.
+            request._request.refused_user = token.user
+            raise PermissionDenied("The auditor role reads; it changes nothing.")
         return token.user, token
 
     def authenticate_header(self, request) -> str:

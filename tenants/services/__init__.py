@@ -8,7 +8,9 @@ from tenants.services.tenants import (
     member_role_set,
     notifications_read,
     tenant_create,
+    tenant_weight_set,
     username_check,
+    weight_validate,
 )
 from tenants.services.tokens import (
     MAX_ACTIVE_TOKENS,
@@ -28,9 +30,11 @@ __all__ = [
     "member_role_set",
     "notifications_read",
     "tenant_create",
+    "tenant_weight_set",
     "token_authenticate",
     "token_create",
     "token_revoke",
     "tokens_of",
     "username_check",
+    "weight_validate",
 ]

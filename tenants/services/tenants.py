@@ -27,8 +27,7 @@ def tenant_create(
     name = (name or "").strip()
     if not name:
         raise TenantError("a tenant needs a name")
-    if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= MAX_WEIGHT:
-        raise TenantError(f"weight must be a whole number from 0 to {MAX_WEIGHT}, got {weight!r}")
+    weight_validate(weight)
     slug = slug or slugify(name)
     if not slug:
         raise TenantError(f"cannot make a slug from {name!r}; give one")
@@ -44,6 +43,35 @@ def tenant_create(
         after={"name": name, "slug": slug, "weight": weight},
     )
     return tenant
+
+
+def weight_validate(weight: object) -> int:
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight <= MAX_WEIGHT:
+        raise TenantError(f"weight must be a whole number from 0 to {MAX_WEIGHT}, got {weight!r}")
+    return weight
+
+
+@transaction.atomic
+def tenant_weight_set(*, tenant: Tenant, weight: int, actor: AbstractBaseUser | None) -> Tenant:
+    """Change a tenant's entitlement (the fairness floor's and max-min's weight). Applies to
+    rounds cleared after it; unchanged = no write."""
+    weight_validate(weight)
+    locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    if locked.weight == weight:
+        return locked
+    before = locked.weight
+    locked.weight = weight
+    locked.save(update_fields=["weight"])
+    audit.record(
+        actor=actor,
+        action="tenant.weight",
+        target=locked,
+        tenant=locked,
+        before={"weight": before},
+        after={"weight": weight},
+    )
+    tenant.weight = weight
+    return locked
 
 
 @transaction.atomic

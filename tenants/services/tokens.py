@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 import audit.services as audit
+from core.auth import auditor_exists, auditor_known
 from core.tokens import token_matches, token_mint, token_prefix
 from tenants.access import tenant_of
 from tenants.errors import TenantError
@@ -105,11 +106,13 @@ def token_authenticate(*, raw: str) -> ApiToken | None:
         return None
     token = (
         ApiToken.objects.select_related("user", "user__membership__tenant")
+        .annotate(user_is_auditor=auditor_exists("user_id"))
         .filter(prefix=prefix, revoked_at__isnull=True)
         .first()
     )
     if token is None or not token_matches(raw, token.secret_hash):
         return None
+    auditor_known(token.user, token.user_is_auditor)
     now = timezone.now()
     if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
         # A plain UPDATE, no lock: concurrent requests may race, and either time is right.

@@ -15,6 +15,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
+from governance.models import ChangeRequest
+from governance.services import change_request
 from market.models import Allocation, Bid, Order, Round
 from market.services import (
     bid_place,
@@ -90,6 +92,7 @@ class Side:
             EnforcementAction: EnforcementAction.objects.filter(tenant=self.tenant)
             .order_by("pk")
             .first(),
+            ChangeRequest: ChangeRequest.objects.filter(tenant=self.tenant).order_by("pk").first(),
         }
 
 
@@ -172,6 +175,13 @@ def world_build(*, gpus_per_bid: int = 2) -> World:
             actor=user,
         )
         bid = bid_place(user=user, tenant=tenant, round=current, quantity=1, limits={TIER: 2_000})
+        # Waits for a second admin (the two-person rule's default), so nothing changes.
+        change_request(
+            kind=ChangeRequest.Kind.TENANT_WEIGHT,
+            actor=admin,
+            justification="a new group joined",
+            payload={"tenant": tenant.pk, "weight": 2},
+        )
         planned = planned_campaign_declare(
             tenant=tenant,
             actor=user,
