@@ -38,21 +38,12 @@ from ortools.graph.python import min_cost_flow
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import market.clearing  # noqa: E402
-from market.clearing import (  # noqa: E402
-    Bid,
-    Instance,
-    SolverError,
-    Tenant,
-    Tier,
-    clear,
-    clear_arrays,
-    eg,
-    highs,
-)
-from market.clearing.columns import arrays_from_json, arrays_to_json  # noqa: E402
-from market.clearing.inputs import instance_arrays  # noqa: E402
-from market.clearing.partition import clear_part, clear_partitioned  # noqa: E402
-from market.clearing.rules import build_market, open_market  # noqa: E402
+from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear, clear_arrays
+from market.clearing.instance.columns import arrays_from_json, arrays_to_json  # noqa: E402
+from market.clearing.instance.inputs import instance_arrays  # noqa: E402
+from market.clearing.mechanisms.rules import build_market, open_market  # noqa: E402
+from market.clearing.parts.partition import clear_part, clear_partitioned  # noqa: E402
+from market.clearing.solvers import eg, highs
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gavel"
 GPU_TYPES = ("k80", "p100", "v100")

@@ -1,4 +1,4 @@
-"""fisher's program by its structured interior point (market/clearing/eg.py) beside Clarabel.
+"""fisher's program by its structured interior point (market/clearing/solvers/eg.py) beside Clarabel.
 
     .venv/bin/python bench/fisher_structure.py                       # 1k, 10k and 100k bids
     .venv/bin/python bench/fisher_structure.py --sizes 1000,10000,5
@@ -26,12 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from clearing import instance  # noqa: E402  (bench/clearing.py's instances)
 
-from market.clearing import eg, lp  # noqa: E402
-from market.clearing.fisher import CLARABEL_OPTIONS, buyer_budgets, program_arcs  # noqa: E402
-from market.clearing.guarantee import guarantee_bundles  # noqa: E402
-from market.clearing.inputs import instance_arrays  # noqa: E402
-from market.clearing.rules import EPS, build_market, open_market  # noqa: E402
-from market.clearing.values import tenant_values  # noqa: E402
+from market.clearing.instance.inputs import instance_arrays  # noqa: E402
+from market.clearing.mechanisms.fisher import CLARABEL_OPTIONS, buyer_budgets, program_arcs  # noqa: E402
+from market.clearing.mechanisms.guarantee import guarantee_bundles  # noqa: E402
+from market.clearing.mechanisms.rules import EPS, build_market, open_market  # noqa: E402
+from market.clearing.mechanisms.values import tenant_values  # noqa: E402
+from market.clearing.solvers import eg, lp
 
 
 def program(tenants: int, bids: int, tiers: int) -> eg.Program:

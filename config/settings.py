@@ -374,7 +374,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TIMEZONE = "UTC"
 
 # Partitioned clearing: a round with at least this many open bids is split into sub-markets
-# cleared in parallel on the clearing_parts queue (market/clearing/partition.py); below it the
+# cleared in parallel on the clearing_parts queue (market/clearing/parts/partition.py); below it the
 # exact clear runs. The threshold is GPUMARKET_PARTITION_ABOVE_BIDS for welfare (a min-cost
 # flow, about 2 s at 100k bids) and GPUMARKET_PARTITION_FAIR_ABOVE_BIDS for fisher and
 # maxmin, whose programs grow faster than the bids: maxmin's LP took 8.7 s at 70k bids and

@@ -41,7 +41,7 @@ USAGE = """usage: gpumarket COMMAND [ARGS]
 
 def _pure(command: str, argv: list[str]) -> int | None:
     if command == "clear":
-        from market.clearing.cli import main as clear_main
+        from market.clearing.instance.cli import main as clear_main
 
         return clear_main(argv)
     if command == "demo":

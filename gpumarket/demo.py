@@ -410,7 +410,7 @@ def _platform_ready() -> Path:
     # and delivers to) say nothing a visitor can act on.
     from kombu.transport.virtual.base import UndeliverableWarning
 
-    from market.clearing.highs import banner_silence
+    from market.clearing.solvers.highs import banner_silence
 
     warnings.filterwarnings("ignore", category=UndeliverableWarning)
     banner_silence()

@@ -17,8 +17,8 @@ from django.conf import settings
 from threadpoolctl import threadpool_limits
 
 from market import clearing
-from market.clearing.columns import arrays_from_json
-from market.clearing.partition import clear_part
+from market.clearing.instance.columns import arrays_from_json
+from market.clearing.parts.partition import clear_part
 from market.errors import MarketError
 from market.services import round_process, rounds_tick
 
@@ -104,7 +104,7 @@ FAIL_PART_ENV = "GPUMARKET_TEST_FAIL_PART"
 @shared_task(name="market.clear_part", ignore_result=False, serializer="msgpack")
 def clear_part_task(part: dict, index: int) -> dict:
     """Clear one part of a partitioned round (pure: no database) and return its result. The
-    part comes as columns (market/clearing/columns.py), checked before it is cleared, and its
+    part comes as columns (market/clearing/instance/columns.py), checked before it is cleared, and its
     result goes back as columns (partition.part_result_to_json); both travel as MessagePack
     (settings: CELERY_RESULT_SERIALIZER)."""
     if str(index) in os.environ.get(FAIL_PART_ENV, "").split(","):

@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
 
 from core.errors import DomainError
+from tenants.approvals import NEEDS_APPROVAL, approval_form_url, approval_needed
 from tenants.forms import GrantForm
 from tenants.ledger import credits, credits_grant
 from tenants.models import (
@@ -98,6 +99,16 @@ class TenantAdmin(admin.ModelAdmin):
         tenant = get_object_or_404(Tenant, pk=pk)
         form = GrantForm(request.POST or None, tenant=tenant)
         if request.method == "POST" and form.is_valid():
+            if approval_needed("credit_grant", amount=form.cleaned_data["amount"]):
+                messages.info(request, NEEDS_APPROVAL)
+                return redirect(
+                    approval_form_url(
+                        "credit_grant",
+                        tenant=tenant.pk,
+                        amount=request.POST.get("amount"),
+                        reason=form.cleaned_data["reason"],
+                    )
+                )
             try:
                 credits_grant(
                     tenant=tenant,

@@ -13,13 +13,21 @@ from typing import Any
 
 import numpy as np
 
-from . import bidsums, transport
-from .errors import ClearingError, SolverError
-from .inputs import Arrays, Bid, Instance, Tenant, Tier, _finite_nonneg, instance_arrays
-from .mechanisms import MECHANISMS, mechanism_params
-from .metrics import envy_count, jain, tenant_matrix
-from .result import Allocation, Awards, Result
-from .rules import EPS, build_market, weight_quotas
+from market.clearing.errors import ClearingError, SolverError
+from market.clearing.instance.inputs import (
+    Arrays,
+    Bid,
+    Instance,
+    Tenant,
+    Tier,
+    _finite_nonneg,
+    instance_arrays,
+)
+from market.clearing.instance.result import Allocation, Awards, Result
+from market.clearing.mechanisms.registry import MECHANISMS, mechanism_params
+from market.clearing.mechanisms.rules import EPS, build_market, weight_quotas
+from market.clearing.outcome.metrics import envy_count, jain, tenant_matrix
+from market.clearing.solvers import bidsums, transport
 
 __all__ = [
     "MECHANISMS",
@@ -142,7 +150,7 @@ def clear_arrays(
     the instance's reserved quotas setting by name; names not in the arrays are left out."""
     start = time.perf_counter()
     if not isinstance(arrays, Arrays):
-        raise ClearingError("arrays: must be a market.clearing.inputs.Arrays")
+        raise ClearingError("arrays: must be a market.clearing.instance.inputs.Arrays")
     quotas = quotas or {}
     chosen = mechanism_params(mechanism, params)
     if not divisible:

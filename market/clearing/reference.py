@@ -22,7 +22,7 @@ import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
-from .inputs import Arrays
+from market.clearing.instance.inputs import Arrays
 
 EPS = 1e-9  # as rules.EPS: floor(0.3 * 10 + EPS) is 3, where 0.3 * 10 = 2.9999999999999996
 CAPACITY = 1  # market_rules' capacity rows

@@ -1,5 +1,5 @@
 """Partitioned clearing on Celery: a very large round is split into sub-markets
-(market/clearing/partition.py), each cleared by a ``market.clear_part`` task on the
+(market/clearing/parts/partition.py), each cleared by a ``market.clear_part`` task on the
 clearing_parts queue, on however many workers consume it, and combined here.
 
 A part that fails, or does not come back in time (a lost worker), raises ClearingError, and
@@ -18,9 +18,9 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from market import clearing
-from market.clearing.columns import arrays_to_json
-from market.clearing.inputs import Arrays
-from market.clearing.partition import clear_part, clear_partitioned
+from market.clearing.instance.columns import arrays_to_json
+from market.clearing.instance.inputs import Arrays
+from market.clearing.parts.partition import clear_part, clear_partitioned
 
 logger = logging.getLogger(__name__)
 

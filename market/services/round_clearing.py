@@ -20,7 +20,7 @@ from django.db import transaction
 import audit.services as audit
 from core.rows import rows_read
 from market import clearing
-from market.clearing.inputs import MAX_AMOUNT, Arrays
+from market.clearing.instance.inputs import MAX_AMOUNT, Arrays
 from market.diagnostics import JAIN, UTILISATION, diagnostic, jain_counting_left_out
 from market.errors import MarketError
 from market.models import Bid, BidLimit, PolicyVersion, Round, Tier

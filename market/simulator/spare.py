@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from market import clearing
-from market.clearing import inputs
+from market.clearing.instance import inputs
 from market.simulator.errors import SimulationError
 from market.simulator.policies.base import limit_prices
 from market.simulator.trace import Job

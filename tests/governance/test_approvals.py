@@ -370,3 +370,13 @@ def test_the_api_requests_lists_and_decides(world):
         content_type="application/json",
     )
     assert refused.status_code == 403
+
+
+def test_the_admin_grant_page_asks_for_approval_too(world):
+    before = balance_get(tenant=world.vision).available
+    response = signed_in(world.admin).post(
+        f"/admin/tenants/tenant/{world.vision.pk}/grant/", {"amount": BIG, "reason": "admin"}
+    )
+    assert response.status_code == 302
+    assert response.url.startswith("/governance/new/credit_grant/?")
+    assert balance_get(tenant=world.vision).available == before

@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from market.clearing import clear, fisher
+from market.clearing import clear
+from market.clearing.mechanisms import fisher
 from market.services import tier_price
 from tests.market.clearing.test_eg import _instance
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from market import clearing
-from market.clearing.columns import arrays_to_json
-from market.clearing.inputs import instance_arrays
+from market.clearing.instance.columns import arrays_to_json
+from market.clearing.instance.inputs import instance_arrays
 from market.models import PolicyVersion
 from market.services.round_clearing import RoundData, _arrays
 

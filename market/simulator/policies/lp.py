@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from market.clearing import ClearingError, highs
+from market.clearing import ClearingError
+from market.clearing.solvers import highs
 from market.simulator.errors import SimulationError
 from market.simulator.policies.base import Fractions, Tiers
 from market.simulator.trace import Job

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from market import clearing
-from market.clearing import inputs
+from market.clearing.instance import inputs
 from market.orders import OrderBid, OrderState, order_bid
 from market.simulator.errors import SimulationError
 from market.simulator.policies.base import Fractions, Plan, View, limit_prices

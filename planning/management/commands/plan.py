@@ -9,7 +9,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from market.clearing.highs import banner_silence
+from market.clearing.solvers.highs import banner_silence
 from planning.errors import PlanningError
 from planning.models import Scenario
 from planning.services.scenarios import scenario_create, scenario_run

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from market.clearing import bidsums
+from market.clearing.solvers import bidsums
 
 
 def _layout(seed: int):

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from market.clearing import Bid, ClearingError, Tenant, Tier, io
-from market.clearing.cli import main
-from market.clearing.inputs import MAX_AMOUNT
+from market.clearing import Bid, ClearingError, Tenant, Tier
+from market.clearing.instance import io
+from market.clearing.instance.cli import main
+from market.clearing.instance.inputs import MAX_AMOUNT
 
 GOOD = {
     "tiers": [{"name": "a100", "capacity": 4, "reserve_price": 1, "max_share": 1}],

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from market.clearing import ClearingError, clear
-from market.clearing.cli import main
-from market.clearing.io import instance_from_json
+from market.clearing.instance.cli import main
+from market.clearing.instance.io import instance_from_json
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "examples" / "instance.json"
 

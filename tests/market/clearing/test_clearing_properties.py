@@ -9,10 +9,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from market.clearing import MECHANISMS, Bid, Instance, Tenant, Tier, clear, fisher, maxmin
-from market.clearing.guarantee import guarantee_and_fair, guarantee_values
-from market.clearing.inputs import instance_arrays
-from market.clearing.rules import build_market, unique_inverse
+from market.clearing import MECHANISMS, Bid, Instance, Tenant, Tier, clear
+from market.clearing.instance.inputs import instance_arrays
+from market.clearing.mechanisms import fisher, maxmin
+from market.clearing.mechanisms.guarantee import guarantee_and_fair, guarantee_values
+from market.clearing.mechanisms.rules import build_market, unique_inverse
 
 TIMINGS = {"build_seconds", "solve_seconds", "rounding_seconds", "total_seconds"}
 

@@ -351,7 +351,7 @@ def test_large_whole_gpu_welfare_holds_every_guarantee_without_the_milp():
 def test_guarantee_chunks_when_the_last_tenant_starts_before_the_last_chunk_boundary():
     # A chunk boundary (every CHUNK_ARCS arcs) falls inside the last tenant's arcs. Every arc
     # must land in exactly one chunk of whole tenants (this once indexed past the last tenant).
-    from market.clearing.guarantee import CHUNK_ARCS, _chunks
+    from market.clearing.mechanisms.guarantee import CHUNK_ARCS, _chunks
 
     tenant_of = np.r_[
         np.zeros(CHUNK_ARCS - 100, dtype=np.int64),

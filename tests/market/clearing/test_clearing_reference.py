@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy.optimize import linprog
 
 from market.clearing import Bid, Instance, Tenant, Tier, clear, reference
-from market.clearing.inputs import instance_arrays
+from market.clearing.instance.inputs import instance_arrays
 from tests.market.clearing.test_clearing_properties import instances
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear, highs
+from market.clearing import Bid, Instance, SolverError, Tenant, Tier, clear
+from market.clearing.solvers import highs
 
 
 def test_infeasible_lp_raises_naming_the_problem():
@@ -98,7 +99,7 @@ def test_fisher_clears_the_replay_round_its_first_solver_setting_failed():
     # conic solver failed outright at the first setting; welfare and maxmin cleared it.
     from pathlib import Path
 
-    from market.clearing.io import instance_from_json, read_instance_file
+    from market.clearing.instance.io import instance_from_json, read_instance_file
 
     path = Path(__file__).parent / "data" / "fisher_replay_434.json"
     inst, _, _ = instance_from_json(read_instance_file(str(path)))

@@ -9,7 +9,9 @@ import cvxpy as cp
 import numpy as np
 import pytest
 
-from market.clearing import Bid, Instance, Tenant, Tier, clear, eg, fisher, lp, maxmin
+from market.clearing import Bid, Instance, Tenant, Tier, clear
+from market.clearing.mechanisms import fisher, maxmin
+from market.clearing.solvers import eg, lp
 
 
 def _program(seed: int, *, tenants: int = 40, tiers: int = 4, guarantee: float = 0.0):

@@ -6,7 +6,7 @@ import pytest
 
 import market.clearing as clearing
 from market.clearing import ClearingError, Instance, clear, clear_arrays
-from market.clearing.inputs import instance_arrays
+from market.clearing.instance.inputs import instance_arrays
 from tests.market.clearing.test_partition import _instance
 
 TIMINGS = {"build_seconds", "solve_seconds", "rounding_seconds", "total_seconds"}

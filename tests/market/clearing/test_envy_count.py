@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from market.clearing.metrics import ENVY_TOLERANCE, envy_count
+from market.clearing.outcome.metrics import ENVY_TOLERANCE, envy_count
 
 
 def envy_simple(values, bundles, entitlement, demand) -> int:

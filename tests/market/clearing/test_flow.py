@@ -8,11 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from market.clearing import Bid, Instance, Tenant, Tier, clear, flow, guarantee
-from market.clearing.colgen import solve_welfare
-from market.clearing.inputs import instance_arrays
-from market.clearing.prices import minimal_prices
-from market.clearing.rules import OpenMarket, build_market, open_market
+from market.clearing import Bid, Instance, Tenant, Tier, clear
+from market.clearing.instance.inputs import instance_arrays
+from market.clearing.mechanisms import guarantee
+from market.clearing.mechanisms.rules import OpenMarket, build_market, open_market
+from market.clearing.outcome.prices import minimal_prices
+from market.clearing.solvers import flow
+from market.clearing.solvers.colgen import solve_welfare
 from tests.market.clearing.test_clearing_properties import instances
 
 

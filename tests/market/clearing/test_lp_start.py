@@ -11,8 +11,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from market.clearing import Bid, Instance, Tenant, Tier, clear, eg, fisher, highs, lp, maxmin
-from market.clearing.inputs import instance_arrays
+from market.clearing import Bid, Instance, Tenant, Tier, clear
+from market.clearing.instance.inputs import instance_arrays
+from market.clearing.mechanisms import fisher, maxmin
+from market.clearing.solvers import eg, highs, lp
 
 from .test_eg import _holds, _instance, _program
 
@@ -121,7 +123,7 @@ def test_crossover_as_the_first_solve_of_a_process():
     code = textwrap.dedent(
         """
         import numpy as np, scipy.sparse as sp
-        from market.clearing import highs
+        from market.clearing.solvers import highs
         A = sp.csr_matrix(np.array([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]]))
         sol = highs.solve(cost=np.array([1.0, 2.0, 1.0]), matrix=A, row_lo=np.full(2, -np.inf),
                           row_hi=np.array([1.0, 1.0]), col_lo=np.zeros(3), col_hi=np.full(3, np.inf),

@@ -12,7 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from market.clearing import Bid, Instance, Tenant, Tier, clear, highs, maxmin
+from market.clearing import Bid, Instance, Tenant, Tier, clear
+from market.clearing.mechanisms import maxmin
+from market.clearing.solvers import highs
 from tests.market.clearing.test_lp_start import _platform_shaped
 
 

@@ -20,9 +20,9 @@ from market.clearing import (
     clear,
     clear_arrays,
 )
-from market.clearing.columns import arrays_from_json, arrays_to_json
-from market.clearing.inputs import Arrays, instance_arrays
-from market.clearing.partition import clear_part, clear_partitioned, combine, split
+from market.clearing.instance.columns import arrays_from_json, arrays_to_json
+from market.clearing.instance.inputs import Arrays, instance_arrays
+from market.clearing.parts.partition import clear_part, clear_partitioned, combine, split
 
 
 def _instance(

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from market.clearing import Bid, Instance, Tenant, Tier, clear, fisher, pools
-from market.clearing.inputs import instance_arrays
-from market.clearing.rules import build_market
+from market.clearing import Bid, Instance, Tenant, Tier, clear
+from market.clearing.instance.inputs import instance_arrays
+from market.clearing.mechanisms import fisher, pools
+from market.clearing.mechanisms.rules import build_market
 
 
 def _few_large_tenants(seed: int) -> Instance:

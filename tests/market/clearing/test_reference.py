@@ -19,9 +19,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from market.clearing import Instance, clear, clear_arrays, fisher, maxmin, pools, reference
-from market.clearing.inputs import Arrays, instance_arrays
-from market.clearing.partition import clear_partitioned, part_result_to_json, split
+from market.clearing import Instance, clear, clear_arrays, reference
+from market.clearing.instance.inputs import Arrays, instance_arrays
+from market.clearing.mechanisms import fisher, maxmin, pools
+from market.clearing.parts.partition import clear_partitioned, part_result_to_json, split
 from tests.market.clearing.test_clearing_properties import instances
 
 # The module settings that send a small instance down each path.

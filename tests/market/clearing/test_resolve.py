@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from market.clearing import Bid, Instance, Tenant, Tier, flow, resolve
-from market.clearing.prices import minimal_prices
-from market.clearing.rules import OpenMarket
+from market.clearing import Bid, Instance, Tenant, Tier
+from market.clearing.mechanisms.rules import OpenMarket
+from market.clearing.outcome.prices import minimal_prices
+from market.clearing.solvers import flow, resolve
 from tests.market.clearing.test_clearing_properties import instances
 from tests.market.clearing.test_flow import _feasible, _open
 

@@ -7,9 +7,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from market.clearing import maxmin
-from market.clearing.rounding import meet_guarantees, round_whole
-from market.clearing.rules import EPS, OpenMarket
+from market.clearing.mechanisms import maxmin
+from market.clearing.mechanisms.rules import EPS, OpenMarket
+from market.clearing.outcome.rounding import meet_guarantees, round_whole
 
 
 def reference(m: OpenMarket, *, lowest_first=False, **case):

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
-from market.clearing import transport
+from market.clearing.solvers import transport
 
 
 def _problems(seed: int, *, tenants: int, tiers: int, whole: bool):

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from market.clearing import Bid, Instance, Tenant, Tier, clear, welfare
-from market.clearing.flow import welfare_flow
-from market.clearing.guarantee import guarantee_bundles
-from market.clearing.inputs import instance_arrays
-from market.clearing.rules import build_market, open_market
+from market.clearing import Bid, Instance, Tenant, Tier, clear
+from market.clearing.instance.inputs import instance_arrays
+from market.clearing.mechanisms import welfare
+from market.clearing.mechanisms.guarantee import guarantee_bundles
+from market.clearing.mechanisms.rules import build_market, open_market
+from market.clearing.solvers.flow import welfare_flow
 
 
 def test_the_forecast_names_the_winner_a_bundle_will_push_out():

@@ -7,9 +7,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .errors import ClearingError
-from .metrics import value_matrix
-from .rules import Market
+from market.clearing.errors import ClearingError
+from market.clearing.mechanisms.rules import Market
+from market.clearing.outcome.metrics import value_matrix
 
 
 def tenant_values(market: Market, given: Mapping[str, Mapping[str, float]] | None) -> np.ndarray:

@@ -53,7 +53,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.sparse as sp
 
-from . import bidsums
+from market.clearing.solvers import bidsums
 
 GAP_ABS, GAP_REL = 1e-7, 1e-6  # the proven gap asked for: as the conic solver's settings
 SHORT = 1e-9  # a guarantee may be missed by this much, relative

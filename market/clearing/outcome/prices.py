@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import lp
-from .errors import SolverError
-from .rules import EPS, Market, OpenMarket
+from market.clearing.errors import SolverError
+from market.clearing.mechanisms.rules import EPS, Market, OpenMarket
+from market.clearing.solvers import lp
 
 
 def _max_at(target: np.ndarray, index: np.ndarray, values: np.ndarray) -> None:

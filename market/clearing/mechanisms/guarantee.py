@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import lp
-from .rules import Market, fill_in_order, whole
-from .transport import Paths
+from market.clearing.mechanisms.rules import Market, fill_in_order, whole
+from market.clearing.solvers import lp
+from market.clearing.solvers.transport import Paths
 
 CHUNK_ARCS = 2000  # arcs per transport LP (the fallback)
 # A tenant with more bids than this goes straight to the LP: the paths push one path per

@@ -27,9 +27,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ClearingError
-from .inputs import MAX_AMOUNT, Bid, Instance, Tenant, Tier
-from .mechanisms import mechanism_params
+from market.clearing.errors import ClearingError
+from market.clearing.instance.inputs import MAX_AMOUNT, Bid, Instance, Tenant, Tier
+from market.clearing.mechanisms.registry import mechanism_params
 
 MAX_GPUS = 10**6  # capacity, quantity, min_quantity: ten times the platform's own cap
 MAX_NAME = 200  # characters in a name, an id or any other key

@@ -31,14 +31,28 @@ from typing import Any
 
 import numpy as np
 
-from . import eg, highs, lp
-from .errors import SolverError
-from .guarantee import guarantee_values
-from .pools import on_pools
-from .program import Skeleton, guarantee_rows, market_program, residual, utility_rows
-from .rounding import round_whole
-from .rules import EPS, Market, OpenMarket, Outcome, gangs_whole, open_market, unique_inverse
-from .values import tenant_values
+from market.clearing.errors import SolverError
+from market.clearing.mechanisms.guarantee import guarantee_values
+from market.clearing.mechanisms.pools import on_pools
+from market.clearing.mechanisms.rules import (
+    EPS,
+    Market,
+    OpenMarket,
+    Outcome,
+    gangs_whole,
+    open_market,
+    unique_inverse,
+)
+from market.clearing.mechanisms.values import tenant_values
+from market.clearing.outcome.rounding import round_whole
+from market.clearing.solvers import eg, highs, lp
+from market.clearing.solvers.program import (
+    Skeleton,
+    guarantee_rows,
+    market_program,
+    residual,
+    utility_rows,
+)
 
 MILP_COLUMNS = 600  # whole-GPU programs up to this many arcs are solved exactly
 # A bid stage 2's interior point puts all but this share of its room on one arc, and no more

@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from .errors import ClearingError
-from .inputs import Arrays
-from .result import Awards, Result, gpus_column
+from market.clearing.errors import ClearingError
+from market.clearing.instance.inputs import Arrays
+from market.clearing.instance.result import Awards, Result, gpus_column
 
 # A part's clear: its arrays in, ``part_result_to_json`` of its result out (the same JSON
 # whether the part was cleared here or by a worker).
@@ -153,7 +153,7 @@ def clear_part(
     pools (BLAS) are held to one thread: theirs would only contend with the other parts'
     processes for the same cores (a million fisher bids in 32 parts on 2 processes: 53.6 s
     with them, 22.3 s without; docs/clearing.md)."""
-    from . import clear_arrays
+    from market.clearing import clear_arrays
 
     with threadpool_limits(limits=1):
         result = clear_arrays(part, mechanism=mechanism, params=params, quotas=quotas)

@@ -8,11 +8,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import clear
-from .errors import ClearingError, SolverError
-from .highs import banner_silence
-from .io import instance_from_json, read_instance_file
-from .mechanisms import MECHANISMS
+from market.clearing import clear
+from market.clearing.errors import ClearingError, SolverError
+from market.clearing.instance.io import instance_from_json, read_instance_file
+from market.clearing.mechanisms.registry import MECHANISMS
+from market.clearing.solvers.highs import banner_silence
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,7 @@ import highspy
 import numpy as np
 import scipy.sparse as sp
 
-from .errors import SolverError
+from market.clearing.errors import SolverError
 
 IPM_ROWS = 2000  # rows above which an LP is solved by interior point + crossover
 PRIMAL_SIMPLEX = 4  # HiGHS's simplex_strategy for the primal simplex method

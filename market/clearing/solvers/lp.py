@@ -23,7 +23,7 @@ import highspy
 import numpy as np
 import scipy.sparse as sp
 
-from . import highs
+from market.clearing.solvers import highs
 
 Term = tuple["Block", "sp.spmatrix | np.ndarray | float"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .rules import Market
+from market.clearing.mechanisms.rules import Market
 
 # Entries of one block's (bundles x tenants) product in envy_count: bounds its memory (32 MB).
 ENVY_BLOCK_CELLS = 1 << 22

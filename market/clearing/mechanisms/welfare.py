@@ -30,14 +30,21 @@ from typing import Any
 
 import numpy as np
 
-from .colgen import WelfareSolution, solve_welfare
-from .flow import WelfareNetwork, welfare_flow
-from .guarantee import guarantee_and_fair
-from .metrics import value_matrix
-from .prices import least_duals, minimal_prices
-from .program import guarantee_rows, market_program, residual
-from .resolve import welfare_flow_near
-from .rules import EPS, Market, OpenMarket, Outcome, gangs_whole, open_market
+from market.clearing.mechanisms.guarantee import guarantee_and_fair
+from market.clearing.mechanisms.rules import (
+    EPS,
+    Market,
+    OpenMarket,
+    Outcome,
+    gangs_whole,
+    open_market,
+)
+from market.clearing.outcome.metrics import value_matrix
+from market.clearing.outcome.prices import least_duals, minimal_prices
+from market.clearing.solvers.colgen import WelfareSolution, solve_welfare
+from market.clearing.solvers.flow import WelfareNetwork, welfare_flow
+from market.clearing.solvers.program import guarantee_rows, market_program, residual
+from market.clearing.solvers.resolve import welfare_flow_near
 
 EXACT_COLUMNS = 600  # programs with a binding guarantee up to this many arcs are solved exactly
 

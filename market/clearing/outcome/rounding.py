@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .rules import EPS, OpenMarket
+from market.clearing.mechanisms.rules import EPS, OpenMarket
 
 
 def round_whole(

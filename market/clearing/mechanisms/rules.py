@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .inputs import Arrays
+from market.clearing.instance.inputs import Arrays
 
 EPS = 1e-9
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from ortools.graph.python import min_cost_flow
 
-from .rules import EPS, OpenMarket
+from market.clearing.mechanisms.rules import EPS, OpenMarket
 
 MILLI = 1000
 # Cost scaling multiplies costs by the node count, which must stay inside int64 with room to

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ClearingError
-from .inputs import MAX_AMOUNT, Arrays
+from market.clearing.errors import ClearingError
+from market.clearing.instance.inputs import MAX_AMOUNT, Arrays
 
 FORMAT = "gpumarket-arrays-1"
 # The numbers of a packed column (``arrays_to_json(packed=True)``), by field: little-endian

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from . import lp
-from .rules import EPS, Market, OpenMarket, unique_inverse
+from market.clearing.mechanisms.rules import EPS, Market, OpenMarket, unique_inverse
+from market.clearing.solvers import lp
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .flow import WelfareNetwork, fill_by_id, welfare_flow
-from .prices import minimal_prices
-from .rules import EPS, OpenMarket
+from market.clearing.mechanisms.rules import EPS, OpenMarket
+from market.clearing.outcome.prices import minimal_prices
+from market.clearing.solvers.flow import WelfareNetwork, fill_by_id, welfare_flow
 
 NEAR_ROUNDS = 4  # checks of the held bids before the whole market is solved instead
 NEAR_SHARE = 0.5  # of the bids with room: a part this large is solved whole instead

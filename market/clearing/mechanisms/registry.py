@@ -19,11 +19,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ClearingError
-from .fisher import fisher
-from .maxmin import maxmin
-from .rules import Market, Outcome
-from .welfare import welfare
+from market.clearing.errors import ClearingError
+from market.clearing.mechanisms.fisher import fisher
+from market.clearing.mechanisms.maxmin import maxmin
+from market.clearing.mechanisms.rules import Market, Outcome
+from market.clearing.mechanisms.welfare import welfare
 
 
 @dataclass(frozen=True)

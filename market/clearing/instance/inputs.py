@@ -15,7 +15,7 @@ from operator import attrgetter
 
 import numpy as np
 
-from .errors import ClearingError
+from market.clearing.errors import ClearingError
 
 # The largest price, limit, reserve, budget or weight accepted (in the caller's unit; the
 # platform passes milli-credits and caps prices at 1e9). The LP solver takes a cost of 1e20 as

@@ -35,14 +35,21 @@ import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
-from . import eg, lp
-from .errors import SolverError
-from .guarantee import guarantee_values
-from .pools import on_pools
-from .program import guarantee_rows, market_program, residual, utility_rows
-from .rounding import round_whole
-from .rules import EPS, Market, OpenMarket, Outcome, open_market, unique_inverse
-from .values import tenant_values
+from market.clearing.errors import SolverError
+from market.clearing.mechanisms.guarantee import guarantee_values
+from market.clearing.mechanisms.pools import on_pools
+from market.clearing.mechanisms.rules import (
+    EPS,
+    Market,
+    OpenMarket,
+    Outcome,
+    open_market,
+    unique_inverse,
+)
+from market.clearing.mechanisms.values import tenant_values
+from market.clearing.outcome.rounding import round_whole
+from market.clearing.solvers import eg, lp
+from market.clearing.solvers.program import guarantee_rows, market_program, residual, utility_rows
 
 # The objective is a budget-weighted mean of logs (weights sum to 1), so a duality gap of
 # 1e-6 relative is far below what one whole GPU changes. At the default 1e-8 the solver

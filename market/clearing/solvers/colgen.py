@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from . import highs
-from .rules import EPS, OpenMarket, segment_starts
+from market.clearing.mechanisms.rules import EPS, OpenMarket, segment_starts
+from market.clearing.solvers import highs
 
 MAX_ROUNDS = 40
 WARM_ROUNDS = 4  # single-arc price-discovery rounds before the exact ones

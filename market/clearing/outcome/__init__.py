@@ -1,0 +1,1 @@
+"""From a solution to an outcome: whole-GPU rounding, prices, fairness and efficiency figures."""

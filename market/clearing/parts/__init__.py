@@ -1,0 +1,1 @@
+"""Very large rounds cleared in parts."""
