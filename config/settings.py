@@ -403,7 +403,10 @@ GPUMARKET_AUDIT_CHECKPOINT_PATH = os.environ.get(
 # made by one admin. Unset: the defaults in governance/rules.py. A request not decided within
 # GPUMARKET_APPROVAL_HOURS expires. Members of the GPUMARKET_AUDITOR_GROUP group read
 # everything a platform admin reads and change nothing.
-GPUMARKET_APPROVALS = json.loads(os.environ.get("GPUMARKET_APPROVALS") or "null")
+try:
+    GPUMARKET_APPROVALS = json.loads(os.environ.get("GPUMARKET_APPROVALS") or "null")
+except ValueError as exc:
+    raise ImproperlyConfigured(f"GPUMARKET_APPROVALS is not valid JSON: {exc}") from exc
 GPUMARKET_APPROVAL_HOURS = env_int("GPUMARKET_APPROVAL_HOURS", 72)
 GPUMARKET_AUDITOR_GROUP = os.environ.get("GPUMARKET_AUDITOR_GROUP", "auditor")
 
