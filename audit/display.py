@@ -14,6 +14,7 @@ MONEY_KEYS = frozenset(
         "amount", "cap", "escrow", "charge", "charged", "refunded", "revenue",
         "expected_revenue", "price", "prices", "reserve_prices", "limits", "spent", "held", "refunds",
         "remaining", "spend_max_per_window", "available", "balance",
+        "energy_price", "energy_charge", "unpaid",
     }
 )  # fmt: skip
 
