@@ -34,7 +34,7 @@ def _cpu() -> tuple[int, int]:
 def _bidder(user_id: int, round_id: int, start: float, seconds: float, counts) -> None:
     from django.contrib.auth import get_user_model
 
-    from market.services import bid_place
+    from market.services.bids import bid_place
 
     user = get_user_model().objects.select_related("membership__tenant").get(pk=user_id)
     tenant = user.membership.tenant
@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     from django.db import connection
     from django.utils import timezone
 
-    from market.services import policy_activate, policy_version_create, round_open_next, tier_create
+    from market.services.policy import policy_activate, policy_version_create
+    from market.services.rounds import round_open_next
+    from market.services.tiers import tier_create
     from tenants.ledger import credits_grant, ledger_verify
     from tenants.models import Membership
     from tenants.services import member_add, tenant_create

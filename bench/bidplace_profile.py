@@ -63,13 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     from django.utils import timezone
 
     from market.api.serializers import BidCreateSerializer, BidSerializer
-    from market.services import (
-        bid_place,
-        policy_activate,
-        policy_version_create,
-        round_open_next,
-        tier_create,
-    )
+    from market.services.bids import bid_place
+    from market.services.policy import policy_activate, policy_version_create
+    from market.services.rounds import round_open_next
+    from market.services.tiers import tier_create
     from tenants.ledger import credits_grant, ledger_verify
     from tenants.models import Membership
     from tenants.services import member_add, tenant_create

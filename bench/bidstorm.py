@@ -226,12 +226,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.bare_api.urls import NOTE as UNBOOKED_NOTE
     from market.models import Bid, Round
-    from market.services import (
-        policy_activate,
-        policy_version_create,
-        round_open_next,
-        tier_create,
-    )
+    from market.services.policy import policy_activate, policy_version_create
+    from market.services.rounds import round_open_next
+    from market.services.tiers import tier_create
     from telemetry.services import node_register
     from tenants.ledger import credits_grant, ledger_verify
     from tenants.models import Membership

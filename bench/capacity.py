@@ -60,8 +60,8 @@ def run(*, windows: int, spare: bool) -> dict[str, float]:
     call_command("migrate", verbosity=0)
     from market.demo import DEMO_ORDERS, DEMO_POLICY, demo_market_seed
     from market.models import Allocation, Order, Reclaim, Tier
-    from market.services import policy_activate, policy_active, policy_version_create
     from market.services.orders import order_create
+    from market.services.policy import policy_activate, policy_active, policy_version_create
     from market.services.tick import rounds_tick
     from telemetry.models import Gpu, Node, Sample
     from telemetry.services import node_register, tier_capacity_refresh

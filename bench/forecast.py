@@ -117,14 +117,11 @@ def record(weeks: int, seed: int = 11) -> None:
     from django.utils import timezone
 
     from market.models import Round
-    from market.services import (
-        bid_place,
-        policy_activate,
-        policy_version_create,
-        round_open_next,
-        round_process,
-        tier_create,
-    )
+    from market.services.bids import bid_place
+    from market.services.policy import policy_activate, policy_version_create
+    from market.services.rounds import round_open_next
+    from market.services.tick import round_process
+    from market.services.tiers import tier_create
     from tenants.ledger import MILLI, credits_grant
     from tenants.models import Membership
     from tenants.services import member_add, tenant_create

@@ -36,7 +36,8 @@ def _seed(args) -> None:
     from django.utils import timezone
 
     from market.models import Allocation, Bid, Round
-    from market.services import policy_active, tier_create
+    from market.services.policy import policy_active
+    from market.services.tiers import tier_create
     from telemetry.models import Gpu, Node, Sample, SampleMinute
     from tenants.ledger import credits_charge, credits_grant, credits_hold
     from tenants.services import tenant_create

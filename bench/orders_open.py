@@ -112,15 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     from django.test.utils import CaptureQueriesContext
 
     from market.models import Order, Round
-    from market.services import (
-        bid_place,
-        order_create,
-        orders_bid,
-        policy_activate,
-        policy_version_create,
-        round_open_next,
-        tier_create,
-    )
+    from market.services.bids import bid_place
+    from market.services.orders import order_create, orders_bid
+    from market.services.policy import policy_activate, policy_version_create
+    from market.services.rounds import round_open_next
+    from market.services.tiers import tier_create
     from tenants.ledger import credits_grant, ledger_verify
     from tenants.services import member_add, tenant_create
 

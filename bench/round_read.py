@@ -40,13 +40,10 @@ def _round(args) -> int:
     from django.utils import timezone
 
     from market.models import Tier
-    from market.services import (
-        policy_activate,
-        policy_version_create,
-        round_open_next,
-        tier_create,
-    )
     from market.services._common import MAX_GPUS
+    from market.services.policy import policy_activate, policy_version_create
+    from market.services.rounds import round_open_next
+    from market.services.tiers import tier_create
 
     demand = args.bids * (0.55 * 1 + 0.2 * 2 + 0.15 * 4 + 0.1 * 8)
     # 60 % of demand, up to the most GPUs a tier may have (a million bids get 32 %).
@@ -146,9 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     from django.core.management import call_command
 
     from market.models import Round
-    from market.services import round_data
     from market.services.partitioned import partition_parts
-    from market.services.round_clearing import solve
+    from market.services.round_clearing import round_data, solve
 
     call_command("migrate", verbosity=0)
     start = time.perf_counter()

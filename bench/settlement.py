@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     from django.db.models import Count
 
     from market.models import Bid, Round
-    from market.services import round_clear, round_fail, round_settle
+    from market.services.round_clearing import round_clear
+    from market.services.settlement import round_settle
+    from market.services.void import round_fail
     from tenants.ledger import TransferOrder, ledger_verify, transfer_execute_many
     from tenants.models import Tenant
 

@@ -17,8 +17,8 @@ from core.errors import DomainError
 from governance.errors import GovernanceError
 from governance.models import ChangeRequest
 from market.models import PolicyVersion, Tier
-from market.services import policy_activate, tier_update
-from market.services.tiers import tier_changes_validate
+from market.services.policy import policy_activate
+from market.services.tiers import tier_changes_validate, tier_update
 from tenants.budgets import budget_set
 from tenants.ledger import credits, credits_grant
 from tenants.ledger.transfers import amount_validate

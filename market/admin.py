@@ -17,13 +17,8 @@ from django.utils.html import format_html
 from market.errors import MarketError
 from market.forms import TierCreateForm, TierForm
 from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
-from market.services import (
-    policy_activate,
-    policy_shadow_set,
-    tier_create,
-    tier_update,
-)
-from market.services.tiers import TIER_FIELDS
+from market.services.policy import policy_activate, policy_shadow_set
+from market.services.tiers import TIER_FIELDS, tier_create, tier_update
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -11,9 +11,10 @@ from django.db import transaction
 
 from market.models import Order, PolicyVersion, Tier
 from market.selectors import policy_active_get
-from market.services import policy_activate, policy_version_create, tier_create
 from market.services._common import now_or
 from market.services.orders import order_create
+from market.services.policy import policy_activate, policy_version_create
+from market.services.tiers import tier_create
 from tenants.models import Tenant
 
 DEMO_TIERS = (

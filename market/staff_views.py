@@ -29,7 +29,7 @@ from market.selectors import (
     rounds_all,
     tiers_all,
 )
-from market.services import tier_create, tier_update
+from market.services.tiers import tier_create, tier_update
 from market.views import supply_demand_charts
 from tenants.approvals import NEEDS_APPROVAL, approval_form_url, approval_needed
 from tenants.models import Tenant

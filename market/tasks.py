@@ -20,7 +20,7 @@ from market import clearing
 from market.clearing.instance.columns import arrays_from_json
 from market.clearing.parts.partition import clear_part
 from market.errors import MarketError
-from market.services import round_process, rounds_tick
+from market.services.tick import round_process, rounds_tick
 
 logger = logging.getLogger(__name__)
 

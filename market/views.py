@@ -57,8 +57,7 @@ from market.selectors import (
     tiers_offered,
 )
 from market.selectors import price_history as price_history_rows
-from market.services import bid_cancel, bid_edit, bid_escrow, bid_place
-from market.services.bids import window_seconds
+from market.services.bids import bid_cancel, bid_edit, bid_escrow, bid_place, window_seconds
 from tenants.access import access_object, require_tenant
 from tenants.budgets import budget_usage, budgets_applicable
 from tenants.ledger import balance_get, credits

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from gpumarket.demo import round_news
 from market.models import PolicyVersion, Round
-from market.services import policy_activate, policy_active, policy_version_create
+from market.services.policy import policy_activate, policy_active, policy_version_create
 
 pytestmark = pytest.mark.django_db
 

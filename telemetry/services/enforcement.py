@@ -55,12 +55,8 @@ import audit.services as audit
 from audit.models import AuditEvent
 from market.errors import MarketError
 from market.models import Allocation
-from market.services import (
-    allocations_pause,
-    allocations_preempt,
-    allocations_resume,
-    tenant_bids_cancel,
-)
+from market.services.allocations import allocations_pause, allocations_preempt, allocations_resume
+from market.services.bids import tenant_bids_cancel
 from market.services.cap_refunds import allocations_cap_recharge, allocations_cap_refund
 from telemetry.models import EnforcementAction, Node, ProcessObservation
 from telemetry.services.held_jobs import held_jobs

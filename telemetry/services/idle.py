@@ -22,7 +22,7 @@ from django.db.models import Max, Min
 from django.utils import timezone
 
 from market.models import Allocation, Reclaim
-from market.services import policy_active
+from market.services.policy import policy_active
 from market.services.reclaim import (
     idle_policies,
     reclaim_execute,

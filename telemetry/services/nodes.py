@@ -13,8 +13,8 @@ from django.utils import timezone
 import audit.services as audit
 from core.tokens import token_matches, token_mint, token_prefix
 from market.models import Allocation, Round, Tier
-from market.services import tier_capacity_set
 from market.services.failures import allocations_gpus_failed
+from market.services.tiers import tier_capacity_set
 from telemetry.errors import TelemetryError
 from telemetry.models import Gpu, Node
 from telemetry.payload.reports import GpuHealth

@@ -18,17 +18,12 @@ from audit.models import AuditEvent
 from governance.models import ChangeRequest
 from governance.services import change_request
 from market.models import Allocation, Bid, Order, Round
-from market.services import (
-    bid_place,
-    order_create,
-    order_pause,
-    policy_activate,
-    policy_active,
-    policy_version_create,
-    round_open_next,
-    round_process,
-    tier_create,
-)
+from market.services.bids import bid_place
+from market.services.orders import order_create, order_pause
+from market.services.policy import policy_activate, policy_active, policy_version_create
+from market.services.rounds import round_open_next
+from market.services.tick import round_process
+from market.services.tiers import tier_create
 from planning.models import PlannedCampaign
 from planning.services.campaigns import planned_campaign_declare
 from telemetry.models import EnforcementAction, Node

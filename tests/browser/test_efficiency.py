@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from market.services import tier_create
+from market.services.tiers import tier_create
 from telemetry.models import Gpu, SampleMinute
 from telemetry.services import node_register
 from tenants.budgets import campaign_create

@@ -12,15 +12,11 @@ from django.urls import reverse
 
 from market.models import Bid
 from market.selectors import round_demand
-from market.services import (
-    bid_place,
-    policy_activate,
-    policy_version_create,
-    round_open_next,
-    round_process,
-    tier_create,
-)
-from market.services.bids import tenant_bids_cancel
+from market.services.bids import bid_place, tenant_bids_cancel
+from market.services.policy import policy_activate, policy_version_create
+from market.services.rounds import round_open_next
+from market.services.tick import round_process
+from market.services.tiers import tier_create
 from tenants.budgets import budget_set
 from tenants.ledger import MILLI
 from tests import factories

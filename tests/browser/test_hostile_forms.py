@@ -7,13 +7,10 @@ import pytest
 
 from audit.models import AuditEvent
 from market.models import Bid, PolicyVersion
-from market.services import (
-    bid_place,
-    policy_activate,
-    policy_version_create,
-    round_open_next,
-    tier_create,
-)
+from market.services.bids import bid_place
+from market.services.policy import policy_activate, policy_version_create
+from market.services.rounds import round_open_next
+from market.services.tiers import tier_create
 from tests import factories
 from tests.browser.conftest import login, shot
 

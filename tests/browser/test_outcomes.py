@@ -9,14 +9,11 @@ import pytest
 from django.utils import timezone
 
 from market.models import Allocation, Tier
-from market.services import (
-    bid_place,
-    policy_activate,
-    policy_version_create,
-    round_open_next,
-    round_process,
-    tier_create,
-)
+from market.services.bids import bid_place
+from market.services.policy import policy_activate, policy_version_create
+from market.services.rounds import round_open_next
+from market.services.tick import round_process
+from market.services.tiers import tier_create
 from telemetry.services import enforce
 from tenants.budgets import budget_set
 from tenants.ledger import MILLI, balance_get, credits_charge, credits_hold, ledger_verify

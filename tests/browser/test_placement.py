@@ -17,7 +17,7 @@ PASSWORD = "pw-member-123"
 
 
 def test_the_allocation_names_its_gpus_and_the_fleet_its_room_for_gangs(page, live_server):
-    from market.services import tier_create
+    from market.services.tiers import tier_create
 
     tier = tier_create(actor=None, slug="h100", name="H100 NVLink", capacity=0)
     for name in ("n1", "n2"):

@@ -11,14 +11,11 @@ import pytest
 
 from audit.models import AuditEvent
 from market.models import Allocation, Bid, PolicyVersion
-from market.services import (
-    bid_place,
-    policy_activate,
-    policy_version_create,
-    round_open_next,
-    round_process,
-    tier_create,
-)
+from market.services.bids import bid_place
+from market.services.policy import policy_activate, policy_version_create
+from market.services.rounds import round_open_next
+from market.services.tick import round_process
+from market.services.tiers import tier_create
 from tenants.ledger import balance_get
 from tests import factories
 from tests.browser.conftest import login, shot

@@ -16,7 +16,7 @@ import core.rows
 from audit.models import AuditEvent
 from core.rows import rows_copy, rows_insert, rows_read, rows_update
 from market.models import Bid, BidLimit
-from market.services import bid_place
+from market.services.bids import bid_place
 from tenants.models import Account, Entry, LedgerOperation, Transfer
 from tests import factories
 from tests.market.marketkit import T0, market_make

@@ -9,8 +9,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
 
-from market.services import tier_create
 from market.services.policy import policy_active
+from market.services.tiers import tier_create
 from tenants.models import Membership
 from tests import factories
 

@@ -6,12 +6,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from market.models import PolicyVersion, Round, Tier
-from market.services import (
-    policy_activate,
-    policy_version_create,
-    round_open_next,
-    tier_create,
-)
+from market.services.policy import policy_activate, policy_version_create
+from market.services.rounds import round_open_next
+from market.services.tiers import tier_create
 from tests import factories
 
 # A fixed clock: services take ``now``, so tests never depend on the wall clock.

@@ -11,14 +11,10 @@ import pytest
 from audit.models import AuditEvent
 from market.errors import MarketError
 from market.models import Allocation, Round
-from market.services import (
-    allocations_pause,
-    allocations_preempt,
-    allocations_resume,
-    bid_place,
-    round_finish,
-    rounds_tick,
-)
+from market.services.allocations import allocations_pause, allocations_preempt, allocations_resume
+from market.services.bids import bid_place
+from market.services.rounds import round_finish
+from market.services.tick import rounds_tick
 from market.services.void import round_void
 from tests.market.marketkit import T0
 

@@ -10,8 +10,8 @@ from django.db import connection
 
 from market.errors import MarketError
 from market.models import Bid
-from market.services import bid_place
 from market.services import bids as bids_service
+from market.services.bids import bid_place
 from tenants.budgets import budget_set
 from tenants.ledger import balance_get, ledger_verify
 from tests.market.marketkit import T0

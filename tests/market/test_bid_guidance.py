@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from market.bid_guidance import TierGuide, bid_warnings
-from market.services import bid_place
+from market.services.bids import bid_place
 from tenants.budgets import budget_set
 from tenants.ledger import MILLI
 from tests import factories

@@ -16,7 +16,8 @@ from audit.models import AuditEvent
 from audit.selectors import chain_verify
 from market.errors import MarketError, RoundMissing
 from market.models import Bid, BidLimit
-from market.services import bid_place, tier_update
+from market.services.bids import bid_place
+from market.services.tiers import tier_update
 from tenants.budgets import budget_set, campaign_create
 from tenants.ledger import balance_get, ledger_verify
 from tenants.models import Entry, Transfer

@@ -10,7 +10,7 @@ import pytest
 
 from market.clearing import clear
 from market.clearing.mechanisms import fisher
-from market.services import tier_price
+from market.services.round_clearing import tier_price
 from tests.market.clearing.test_eg import _instance
 
 # Measured: up to 10 milli-credits apart at prices near 62,000 (1.6e-4), whole GPUs, 6 seeds

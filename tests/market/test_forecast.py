@@ -22,7 +22,9 @@ from market.forecast import (
 )
 from market.forecast_selectors import tier_demand_history
 from market.models import Round
-from market.services import bid_cancel, bid_place, round_open_next, round_process
+from market.services.bids import bid_cancel, bid_place
+from market.services.rounds import round_open_next
+from market.services.tick import round_process
 
 # Pure maths -----------------------------------------------------------------------------
 

@@ -18,14 +18,11 @@ from market import tasks
 from market.errors import MarketError
 from market.models import PolicyVersion, Round
 from market.policy.guardrails import Breach, guardrails_check, guardrails_validate
-from market.services import (
-    bid_place,
-    policy_activate,
-    policy_version_create,
-    round_open_next,
-    rounds_tick,
-)
+from market.services.bids import bid_place
 from market.services.guardrails import policy_rollback
+from market.services.policy import policy_activate, policy_version_create
+from market.services.rounds import round_open_next
+from market.services.tick import rounds_tick
 from tenants.ledger import ledger_verify
 from tenants.models import Notification
 from tests import factories

@@ -11,7 +11,9 @@ import pytest
 
 from audit.models import AuditEvent
 from market.models import Allocation, Bid
-from market.services import bid_place, round_clear, round_settle
+from market.services.bids import bid_place
+from market.services.round_clearing import round_clear
+from market.services.settlement import round_settle
 from telemetry.services import enforce, node_register, samples_ingest
 from tenants.budgets import budget_set, budget_usage
 from tenants.ledger import MILLI, balance_get, ledger_verify

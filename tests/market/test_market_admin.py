@@ -8,7 +8,8 @@ from django.urls import reverse
 
 from audit.models import AuditEvent
 from market.models import PolicyVersion, Tier
-from market.services import policy_version_create, round_process
+from market.services.policy import policy_version_create
+from market.services.tick import round_process
 
 pytestmark = pytest.mark.django_db
 

@@ -11,14 +11,8 @@ from audit.models import AuditEvent
 from audit.selectors import chain_verify
 from market.errors import MarketError
 from market.models import Bid, BidLimit
-from market.services import (
-    bid_cancel,
-    bid_edit,
-    bid_escrow,
-    bid_place,
-    tenant_bids_cancel,
-    tier_update,
-)
+from market.services.bids import bid_cancel, bid_edit, bid_escrow, bid_place, tenant_bids_cancel
+from market.services.tiers import tier_update
 from tenants.budgets import budget_set
 from tenants.ledger import balance_get, ledger_verify
 from tenants.models import Entry, Transfer

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from market.models import Allocation, Bid, Round
-from market.services import bid_place
+from market.services.bids import bid_place
 from market.services.round_clearing import CLEARING_HOLD_ENV
 from tenants.ledger import balance_get, ledger_verify
 from tenants.models import Transfer

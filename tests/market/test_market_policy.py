@@ -10,17 +10,14 @@ from audit.models import AuditEvent
 from market.demo import demo_market_seed
 from market.errors import MarketError
 from market.models import PolicyVersion, Round, Tier
-from market.services import (
-    next_window,
+from market.services.policy import (
     policy_activate,
     policy_active,
     policy_shadow_set,
     policy_version_create,
-    round_close,
-    round_open_next,
-    tier_create,
-    tier_update,
 )
+from market.services.rounds import next_window, round_close, round_open_next
+from market.services.tiers import tier_create, tier_update
 from tests import factories
 from tests.market.marketkit import T0, market_make
 

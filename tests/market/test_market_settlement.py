@@ -18,21 +18,13 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from market import clearing
 from market.models import Allocation, Bid, Round
-from market.services import (
-    bid_place,
-    policy_shadow_set,
-    policy_version_create,
-    round_clear,
-    round_data,
-    round_fail,
-    round_open_next,
-    round_process,
-    round_settle,
-    round_void,
-    rounds_tick,
-    tier_price,
-)
-from market.services.bids import window_seconds
+from market.services.bids import bid_place, window_seconds
+from market.services.policy import policy_shadow_set, policy_version_create
+from market.services.round_clearing import round_clear, round_data, tier_price
+from market.services.rounds import round_open_next
+from market.services.settlement import round_settle
+from market.services.tick import round_process, rounds_tick
+from market.services.void import round_fail, round_void
 from tenants.ledger import balance_get, ledger_verify, platform_account
 from tenants.models import Account, Entry, Notification, Transfer
 from tests import factories

@@ -31,7 +31,7 @@ def test_round_diagnostics_name_their_figures_and_round_the_rest():
 
 
 def test_a_rounds_shadow_outcome_reads_in_credits_and_team_names(client):
-    from market.services import tier_create
+    from market.services.tiers import tier_create
     from tests.telemetry.market_data import allocation_make
 
     tier = tier_create(actor=None, slug="a100", name="A100 80GB")

@@ -13,18 +13,17 @@ from django.test.utils import CaptureQueriesContext
 from audit.models import AuditEvent
 from market.errors import MarketError
 from market.models import Allocation, Bid, BidLimit, Order, Round
-from market.services import (
-    bid_cancel,
-    bid_place,
+from market.services.bids import bid_cancel, bid_place
+from market.services.orders import (
     order_cancel,
     order_create,
     order_edit,
     order_pause,
     order_resume,
     orders_bid,
-    round_void,
-    rounds_tick,
 )
+from market.services.tick import rounds_tick
+from market.services.void import round_void
 from tenants.budgets import budget_set
 from tenants.ledger import balance_get, ledger_verify
 from tenants.models import Notification, Transfer

@@ -14,7 +14,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from market.models import Allocation, Bid, Round
-from market.services import bid_place
+from market.services.bids import bid_place
 from market.tasks import FAIL_PART_ENV
 from tenants.ledger import balance_get, ledger_verify
 from tests import conftest, factories

@@ -12,8 +12,11 @@ import pytest
 from celery import current_app
 
 from market.models import Allocation, Bid
-from market.services import bid_place, round_clear, round_open_next, round_settle
+from market.services.bids import bid_place
 from market.services.placement import tier_fragmentation
+from market.services.round_clearing import round_clear
+from market.services.rounds import round_open_next
+from market.services.settlement import round_settle
 from telemetry.models import Gpu, Node
 from telemetry.services.nodes import tier_capacity_refresh
 from tenants.ledger import balance_get

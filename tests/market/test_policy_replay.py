@@ -7,7 +7,9 @@ import pytest
 
 from market.policy.replay import recorded_round_data, rounds_replay
 from market.policy.selectors import recorded_side
-from market.services import bid_place, round_clear, round_settle
+from market.services.bids import bid_place
+from market.services.round_clearing import round_clear
+from market.services.settlement import round_settle
 from tenants.budgets import budget_set
 from tenants.ledger import MILLI
 from tests import factories

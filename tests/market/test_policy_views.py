@@ -12,7 +12,9 @@ from django.test import Client
 
 from audit.models import AuditEvent
 from market.models import PolicyVersion, Round
-from market.services import bid_place, policy_shadow_set, policy_version_create, rounds_tick
+from market.services.bids import bid_place
+from market.services.policy import policy_shadow_set, policy_version_create
+from market.services.tick import rounds_tick
 from tenants.ledger import ledger_verify
 from tests import factories
 from tests.market.marketkit import market_make

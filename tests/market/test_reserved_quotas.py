@@ -7,7 +7,8 @@ import pytest
 
 from market.models import Allocation
 from market.policy.forms import PolicyVersionForm
-from market.services import bid_place, round_process
+from market.services.bids import bid_place
+from market.services.tick import round_process
 from tests.market.marketkit import T0, market_make
 
 pytestmark = pytest.mark.django_db

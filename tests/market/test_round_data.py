@@ -9,7 +9,9 @@ from datetime import timedelta
 import numpy as np
 
 from market.models import Bid, BidLimit, Round
-from market.services import bid_cancel, bid_place, round_data, tier_create, tier_update
+from market.services.bids import bid_cancel, bid_place
+from market.services.round_clearing import round_data
+from market.services.tiers import tier_create, tier_update
 from tests.market.marketkit import T0
 
 

@@ -16,7 +16,9 @@ import pytest
 from django.db import connection, connections, transaction
 
 from market.models import Round
-from market.services import bid_place, round_clear, rounds_tick
+from market.services.bids import bid_place
+from market.services.round_clearing import round_clear
+from market.services.tick import rounds_tick
 from tests import factories
 from tests.market.marketkit import T0, market_make
 

@@ -8,7 +8,8 @@ import pytest
 from django.urls import reverse
 
 from market.models import Allocation, Bid, Round
-from market.services import bid_place, round_process
+from market.services.bids import bid_place
+from market.services.tick import round_process
 from tenants.ledger import balance_get
 from tenants.models import Membership
 from tests import factories
@@ -181,7 +182,7 @@ def test_market_overview_shows_open_round_and_tiers(client, market, team):
 
 
 def test_a_tier_is_named_once_with_its_slug_only_when_it_adds_something(client, market, team):
-    from market.services import tier_create
+    from market.services.tiers import tier_create
 
     tier_create(actor=None, slug="preemptible", name="Preemptible", capacity=2, preemptible=True)
     tier_create(actor=None, slug="spot", name="Spot A10", capacity=2, preemptible=True)
@@ -281,7 +282,7 @@ def test_round_diagnostics_read_as_labelled_rows_not_a_dict(client, market, team
     assert rows["some_new_figure"] == "3"  # unknown figures still show
     tenant, user = team
     _place(market, tenant, user)
-    from market.services import round_process
+    from market.services.tick import round_process
 
     rnd = round_process(round_id=market.round.pk, now=market.after_close())
     client.force_login(factories.admin_user())

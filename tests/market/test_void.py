@@ -13,7 +13,8 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from market.errors import MarketError
 from market.models import Allocation, Bid, Round
-from market.services import bid_place, rounds_tick
+from market.services.bids import bid_place
+from market.services.tick import rounds_tick
 from market.services.void import round_void
 from telemetry.models import EnforcementAction
 from telemetry.services import node_register, samples_ingest

@@ -7,14 +7,11 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from market.services import (
-    bid_place,
-    policy_activate,
-    policy_version_create,
-    round_open_next,
-    round_process,
-    tier_create,
-)
+from market.services.bids import bid_place
+from market.services.policy import policy_activate, policy_version_create
+from market.services.rounds import round_open_next
+from market.services.tick import round_process
+from market.services.tiers import tier_create
 from tenants.ledger import MILLI
 from tenants.models import Membership, Tenant
 from tests import factories

@@ -227,7 +227,7 @@ def test_a_campaign_faster_than_its_tiers_capacity_is_refused(history):
 @pytest.mark.parametrize("quotas", ["by_weight", {"vision-lab": {"a100": 4}}])
 def test_a_scenario_runs_under_a_policy_with_reserved_quotas(history, quotas):
     from market.selectors import policy_active_get
-    from market.services import policy_activate, policy_version_create
+    from market.services.policy import policy_activate, policy_version_create
 
     version = policy_version_create(
         actor=history.admin, based_on=policy_active_get(), params={"reserved_quotas": quotas}

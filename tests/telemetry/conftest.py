@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from market.models import Order
-from market.services import tier_create
+from market.services.tiers import tier_create
 from telemetry.services import node_register
 from tenants.ledger import MILLI
 from tests import factories

@@ -8,14 +8,10 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from market.models import Allocation, Bid, Round, Tier
-from market.services import (
-    bid_place,
-    policy_activate,
-    policy_active,
-    policy_version_create,
-    round_open_next,
-    round_process,
-)
+from market.services.bids import bid_place
+from market.services.policy import policy_activate, policy_active, policy_version_create
+from market.services.rounds import round_open_next
+from market.services.tick import round_process
 from telemetry.models import Gpu, Node
 from telemetry.services import node_register, tier_capacity_refresh
 from tenants.models import Tenant

@@ -12,16 +12,12 @@ from django.utils import timezone
 
 from market.errors import MarketError
 from market.models import Allocation, Backfill, Bid, Order, Reclaim
-from market.services import (
-    order_create,
-    policy_activate,
-    policy_active,
-    policy_version_create,
-    round_void,
-    rounds_tick,
-)
 from market.services.backfill import backfill_pool, backfill_run
 from market.services.launch import allocation_launch
+from market.services.orders import order_create
+from market.services.policy import policy_activate, policy_active, policy_version_create
+from market.services.tick import rounds_tick
+from market.services.void import round_void
 from telemetry.models import EnforcementAction, Gpu, Node, ProcessObservation
 from telemetry.services.enforcement import enforce
 from telemetry.services.idle import idle_reclaim_scan

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from market.models import Allocation
-from market.services import policy_active
+from market.services.policy import policy_active
 from market.services.settlement import allocations_energy_settle
 from market.services.tiers import tier_update
 from telemetry.agent.loop import AgentLoop

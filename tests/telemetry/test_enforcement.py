@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from market.models import Allocation, Bid, Round, Tier
-from market.services import bid_place, policy_active
+from market.services.bids import bid_place
+from market.services.policy import policy_active
 from telemetry.models import EnforcementAction
 from telemetry.selectors import actions_for_tenant
 from telemetry.services import enforce, node_register, samples_ingest
@@ -428,7 +429,7 @@ def test_allocations_paused_for_a_cap_are_active_again_when_the_window_rolls_ove
 
 
 def test_an_allocation_paused_by_someone_else_is_not_resumed_by_the_loop(node, team, tier, now):
-    from market.services import allocations_pause
+    from market.services.allocations import allocations_pause
 
     allocation = active(team, tier, now)
     admin = factories.admin_user()
@@ -477,7 +478,7 @@ def test_work_running_past_the_windows_end_makes_the_allocation_preempted(
     assert AuditEvent.objects.count() == events
 
     # The market's clock finishes the round afterwards: preempted stays preempted.
-    from market.services import round_finish
+    from market.services.rounds import round_finish
 
     round_finish(round_id=ended.round_id, now=now)
     assert statuses(ended, quiet) == ["preempted", "finished"]
@@ -507,7 +508,7 @@ def test_allocation_paused_for_a_cap_when_its_window_ends_is_preempted(node, tea
 
 
 def test_allocation_the_round_already_finished_stays_finished(node, team, tier, now):
-    from market.services import round_finish
+    from market.services.rounds import round_finish
 
     allocation = allocation_make(
         tenant=team,
@@ -530,7 +531,7 @@ def test_the_team_is_told_when_work_is_stopped_at_the_windows_end_and_reads_ende
 ):
     from django.utils.html import escape
 
-    from market.services import round_finish
+    from market.services.rounds import round_finish
 
     stopped = allocation_make(
         tenant=team,

@@ -10,16 +10,12 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from market.models import Allocation, Bid, Round
-from market.services import (
-    bid_place,
-    policy_activate,
-    policy_active,
-    policy_version_create,
-    round_open_next,
-    round_process,
-    settlement,
-)
+from market.services import settlement
+from market.services.bids import bid_place
 from market.services.failures import allocations_gpus_failed
+from market.services.policy import policy_activate, policy_active, policy_version_create
+from market.services.rounds import round_open_next
+from market.services.tick import round_process
 from market.spare import failure_refund
 from telemetry.models import Gpu
 from telemetry.payload.reports import GpuHealth

@@ -12,8 +12,8 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from market.errors import MarketError
 from market.models import Reclaim
-from market.services import policy_activate, policy_active, policy_version_create
 from market.services.launch import allocation_launch
+from market.services.policy import policy_activate, policy_active, policy_version_create
 from telemetry.models import EnforcementAction, Gpu, ProcessObservation, Sample
 from telemetry.services.enforcement import enforce
 from telemetry.services.idle import idle_reclaim_scan

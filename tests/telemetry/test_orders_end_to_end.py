@@ -21,15 +21,10 @@ from celery import Celery
 from django.utils import timezone
 
 from market.models import Allocation, Bid, Order, Round
-from market.services import (
-    bid_place,
-    order_create,
-    orders_bid,
-    policy_activate,
-    policy_active,
-    policy_version_create,
-)
+from market.services.bids import bid_place
 from market.services.launch import allocation_launch
+from market.services.orders import order_create, orders_bid
+from market.services.policy import policy_activate, policy_active, policy_version_create
 from telemetry.agent.simulated_backend import spawn_simulated_work
 from telemetry.models import EnforcementAction, Gpu, Node
 from telemetry.services import node_register

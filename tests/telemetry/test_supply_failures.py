@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from market.errors import MarketError
 from market.models import Allocation, Round, Tier
-from market.services import policy_active, tier_create, tier_update
 from market.services.failures import allocations_gpus_failed
+from market.services.policy import policy_active
+from market.services.tiers import tier_create, tier_update
 from telemetry.agent.simulated_backend import SimulatedBackend
 from telemetry.models import Gpu, Node
 from telemetry.services import nodes_health_check, tier_capacity_refresh

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from market.errors import MarketError
 from market.models import Round
-from market.services import round_process
+from market.services.tick import round_process
 
 
 class Command(BaseCommand):
