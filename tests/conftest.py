@@ -169,3 +169,30 @@ def celery_worker_process(transactional_db, redis_url, tmp_path) -> Iterator[Cel
         yield worker
     finally:
         worker.stop()
+
+
+class SentTasks(list):
+    """The tasks the code under test sent by name, as (name, args), none of them delivered."""
+
+    def of(self, name: str) -> list:
+        """The args of each send of ``name``, in order."""
+        return [args for sent, args in self if sent == name]
+
+
+@pytest.fixture
+def sent_tasks(monkeypatch) -> SentTasks:
+    """Record what services queue by name (``current_app.send_task``) instead of sending it;
+    each name recorded is checked to be a registered task, so a typo cannot pass."""
+    from celery import current_app
+
+    from config.celery import app
+
+    app.loader.import_default_modules()
+    sent = SentTasks()
+
+    def send_task(name, args=None, kwargs=None, **_options):
+        assert name in app.tasks, f"no task is registered as {name!r}"
+        sent.append((name, list(args or [])))
+
+    monkeypatch.setattr(current_app, "send_task", send_task)
+    return sent

@@ -8,6 +8,7 @@ import secrets
 from collections import defaultdict
 from datetime import datetime
 
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 
@@ -36,6 +37,8 @@ SYSTEM = "system"
 
 
 logger = logging.getLogger(__name__)
+# Queued by name: the task module imports the services, never the other way round.
+SLURM_RESERVE_TASK = "market.slurm_reservations_create"
 
 
 @transaction.atomic
@@ -255,9 +258,7 @@ def allocations_energy_settle(
 
 
 def _slurm_reserve(allocation_ids: list[int]) -> None:
-    from market.tasks import slurm_reservations_create_task
-
-    slurm_reservations_create_task.delay(allocation_ids)
+    current_app.send_task(SLURM_RESERVE_TASK, args=[allocation_ids])
 
 
 def _place(rnd: Round, allocations: list[Allocation], bids: list[Bid]) -> None:

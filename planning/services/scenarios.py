@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery import current_app
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import Avg
@@ -46,6 +47,7 @@ from telemetry.models import SampleMinute
 
 logger = logging.getLogger(__name__)
 
+SCENARIO_RUN_TASK = "planning.scenario_run"  # queued by name, after the scenario commits
 HISTORY_ROUNDS = 2016
 # The replay clears at most this many rounds per run (each standing for ``stride`` rounds):
 # one an hour over four weeks at hourly rounds.
@@ -95,9 +97,7 @@ def scenario_create(
         after={"name": doc.name, "inputs": document},
     )
     if queue:
-        from planning.tasks import scenario_run_task
-
-        transaction.on_commit(lambda: scenario_run_task.delay(scenario.pk))
+        transaction.on_commit(lambda: current_app.send_task(SCENARIO_RUN_TASK, args=[scenario.pk]))
     return scenario
 
 

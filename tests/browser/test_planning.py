@@ -18,12 +18,10 @@ pytestmark = pytest.mark.browser
 LOCAL = "%Y-%m-%dT%H:%M"
 
 
-def test_manager_declares_a_campaign_and_an_admin_plans_for_it(page, monkeypatch):
+def test_manager_declares_a_campaign_and_an_admin_plans_for_it(page, sent_tasks):
     history = history_build(rounds=8)
-    queued: list[int] = []
     # The broker and a real worker are tested in tests/planning/test_worker.py; here the run
-    # the page queues is recorded, then run in this process as the worker would.
-    monkeypatch.setattr("planning.tasks.scenario_run_task.delay", queued.append)
+    # the page queues is recorded (sent_tasks), then run in this process as the worker would.
 
     login(page, "vmanager", PASSWORD)
     page.goto("/planning/campaigns/")
@@ -52,7 +50,7 @@ def test_manager_declares_a_campaign_and_an_admin_plans_for_it(page, monkeypatch
     page.wait_for_selector("#scenario-status")
     assert "Queued" in page.inner_text("#scenario-status")
     scenario = Scenario.objects.get()
-    assert queued == [scenario.pk]
+    assert sent_tasks.of("planning.scenario_run") == [[scenario.pk]]
 
     # The queued page refreshes itself every 3 s; leave it, so that a refresh firing while
     # the run below takes longer cannot abort the next navigation.

@@ -9,7 +9,6 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from celery import current_app
 
 from market.models import Allocation, Bid
 from market.services.bids import bid_place
@@ -173,13 +172,9 @@ def test_a_tier_no_node_reports_is_settled_without_placement(market, team):
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_settlement_queues_the_slurm_reservations_of_what_it_placed(
-    market, team, settings, monkeypatch, django_capture_on_commit_callbacks, enabled
+    market, team, settings, sent_tasks, django_capture_on_commit_callbacks, enabled
 ):
-    from market import tasks
-
     settings.GPUMARKET_SLURM_RESERVATIONS = enabled
-    queued = []
-    monkeypatch.setattr(tasks.slurm_reservations_create_task, "delay", queued.append)
     _bid(team, market, quantity=2, limits={"a100": 5000})
     _bid(team, market, quantity=1, limits={"h100": 5000})  # a tier no node reports
     with django_capture_on_commit_callbacks(execute=True):
@@ -189,24 +184,18 @@ def test_settlement_queues_the_slurm_reservations_of_what_it_placed(
             "pk", flat=True
         )
     )
-    assert queued == ([placed] if enabled else [])
+    assert sent_tasks.of("market.slurm_reservations_create") == ([[placed]] if enabled else [])
 
 
 def test_voiding_a_round_queues_the_end_of_its_slurm_reservations(
-    market, team, settings, monkeypatch, django_capture_on_commit_callbacks
+    market, team, settings, sent_tasks, django_capture_on_commit_callbacks
 ):
-    from market import tasks
     from market.services.void import round_void
 
     settings.GPUMARKET_SLURM_RESERVATIONS = True
-    monkeypatch.setattr(tasks.slurm_reservations_create_task, "delay", lambda ids: None)
-    sent = []
-    monkeypatch.setattr(
-        current_app, "send_task", lambda name, args=None, **_kw: sent.append((name, args))
-    )
     _bid(team, market, quantity=2, limits={"a100": 5000})
     rnd = _settle(market)
     with django_capture_on_commit_callbacks(execute=True):
         round_void(round=rnd, actor=market.admin, reason="test: wrong capacity")
-    assert ("market.slurm_reservations_end", [[Allocation.objects.get(round=rnd).pk]]) in sent
-    assert "market.slurm_reservations_end" in current_app.tasks  # the name is a real task
+    pk = Allocation.objects.get(round=rnd).pk
+    assert sent_tasks.of("market.slurm_reservations_end") == [[[pk]]]

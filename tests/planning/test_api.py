@@ -81,9 +81,7 @@ def test_a_bad_declaration_says_what_to_fix(history, override, status, text):
     assert not PlannedCampaign.objects.exists()
 
 
-def test_admins_keep_and_queue_scenarios(history, monkeypatch, django_capture_on_commit_callbacks):
-    queued: list[int] = []
-    monkeypatch.setattr("planning.tasks.scenario_run_task.delay", queued.append)
+def test_admins_keep_and_queue_scenarios(history, sent_tasks, django_capture_on_commit_callbacks):
     url = "/api/v1/planning/scenarios"
     assert post(client_for(history.manager), url, DOCUMENT).status_code == 403
     with django_capture_on_commit_callbacks(execute=True):
@@ -91,7 +89,7 @@ def test_admins_keep_and_queue_scenarios(history, monkeypatch, django_capture_on
     assert made.status_code == 201, made.content
     body = made.json()
     assert body["status"] == "queued" and body["inputs"]["changes"] == DOCUMENT["changes"]
-    assert queued == [body["id"]]
+    assert sent_tasks.of("planning.scenario_run") == [[body["id"]]]
     assert client_for(history.admin).get(f"{url}/{body['id']}").json()["name"] == DOCUMENT["name"]
     wrong_kind = DOCUMENT | {"options": [{"tier": "a100", "kind": "purchase", "per_hour": "2"}]}
     conflict = post(client_for(history.admin), url, wrong_kind)

@@ -74,8 +74,7 @@ def test_hostile_numbers_in_a_scenario_are_errors_on_the_page(client, history, p
     assert not Scenario.objects.exists() and AuditEvent.objects.count() == events
 
 
-def test_a_scenario_page_shows_progress_then_results_and_the_csv(client, history, monkeypatch):
-    monkeypatch.setattr("planning.tasks.scenario_run_task.delay", lambda pk: None)
+def test_a_scenario_page_shows_progress_then_results_and_the_csv(client, history, sent_tasks):
     client.force_login(history.admin)
     made = client.post(reverse("scenarios"), {"document": json.dumps(DOCUMENT)})
     scenario = Scenario.objects.get()
@@ -110,8 +109,7 @@ def test_the_example_prices_every_tier_and_its_plan_is_found(client, history):
     assert "error" not in scenario.results["recommendation"]
 
 
-def test_a_queued_scenario_and_a_short_history_read_plainly(client, history, monkeypatch):
-    monkeypatch.setattr("planning.tasks.scenario_run_task.delay", lambda pk: None)
+def test_a_queued_scenario_and_a_short_history_read_plainly(client, history, sent_tasks):
     client.force_login(history.admin)
     made = client.post(reverse("scenarios"), {"document": json.dumps(DOCUMENT)})
     queued = client.get(made["Location"]).content.decode()
@@ -129,10 +127,9 @@ def test_a_queued_scenario_and_a_short_history_read_plainly(client, history, mon
     assert "No backtest: only 0.1 days of history" in backtest
 
 
-def test_a_teams_spend_forecast_stays_under_its_hard_cap(client, history, monkeypatch):
+def test_a_teams_spend_forecast_stays_under_its_hard_cap(client, history, sent_tasks):
     from tenants.budgets import budget_set
 
-    monkeypatch.setattr("planning.tasks.scenario_run_task.delay", lambda pk: None)
     budget_set(tenant=history.vision, window="day", mode="hard", cap=400, actor=None)
     client.force_login(history.admin)
     made = client.post(reverse("scenarios"), {"document": json.dumps(DOCUMENT)})
