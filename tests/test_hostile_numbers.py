@@ -165,6 +165,10 @@ NO_NUMBER = {
     "scenarios",
     "approval_approve",  # a note
     "approval_reject",
+    # Checkboxes of categories and a URL: refusals in tests/alerts/test_alerts.py.
+    "alerts",
+    "alert_webhook_new",
+    "alert_webhook_disable",
 }
 COVERED = {
     "bid_new", "bid_edit", "bid_preview", "team_budget_set", "staff_credits", "staff_budgets",
