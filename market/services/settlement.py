@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import defaultdict
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from celery import current_app
@@ -41,6 +42,20 @@ logger = logging.getLogger(__name__)
 SLURM_RESERVE_TASK = "market.slurm_reservations_create"
 
 
+@dataclass
+class _Books:
+    """What settling a round's bids adds up to: the rows to insert, the money to move, the
+    figures for the audit event."""
+
+    allocations: list[Allocation] = field(default_factory=list)
+    orders: list[TransferOrder] = field(default_factory=list)  # every charge and release
+    per_tier: dict[str, dict[str, int]] = field(
+        default_factory=lambda: defaultdict(lambda: {"gpus": 0, "charge": 0})
+    )
+    revenue: int = 0
+    winners: int = 0
+
+
 @transaction.atomic
 def round_settle(*, round_id: int, now: datetime | None = None, wait: bool = True) -> Round:
     """Turn a cleared round into allocations and money, all in this one transaction.
@@ -57,112 +72,181 @@ def round_settle(*, round_id: int, now: datetime | None = None, wait: bool = Tru
     if rnd.status != Round.Status.CLEARED:
         return rnd
     bids = bids_locked(rnd, status=Bid.Status.OPEN)
+    books = _bids_settle(rnd, bids=bids, now=now)
+    preemptions = _books_write(rnd, bids=bids, books=books, now=now)
+    _round_mark_settled(rnd, bids=bids, books=books, preemptions=preemptions, now=now)
+    return rnd
+
+
+def _bids_settle(rnd: Round, *, bids: list[Bid], now: datetime) -> _Books:
+    """Price every bid's awards into allocations, its escrow into a charge and a release,
+    and close the bid as won or lost with its reason (in memory; ``_books_write`` saves)."""
     seconds = window_seconds(rnd)
+    limits, pays = _bid_limits(rnd)
+    limits_of: dict[int, dict[str, int]] = defaultdict(dict)
+    for (bid_id, slug), price in limits.items():
+        limits_of[bid_id][slug] = price
+    tiers = Tier.objects.in_bulk(list(rnd.prices), field_name="slug")
+    awards = _awards_by_bid(rnd)
+    facts = _facts(rnd, awards=awards, bids=bids)
+    books = _Books()
+    for bid in bids:
+        charge = _bid_allocate(
+            rnd,
+            bid,
+            awards=awards.get(bid.pk, []),
+            limits=limits,
+            pays=pays,
+            tiers=tiers,
+            seconds=seconds,
+            books=books,
+        )
+        won = sum(gpus for _, gpus in awards.get(bid.pk, []))
+        books.orders += _bid_transfers(rnd, bid, charge=charge, won=won)
+        books.winners += bid.pk in awards
+        _bid_close(bid, awards=awards, limits_of=limits_of, facts=facts, now=now)
+        books.revenue += charge
+    return books
+
+
+def _bid_limits(rnd: Round) -> tuple[dict[tuple[int, str], int], dict[tuple[int, str], int]]:
+    """(bid id, tier slug) -> the bid's limit price, and -> what it pays at most where that is
+    below what the clearing saw (an order's stated value under its incumbency's restart value:
+    market/orders.py)."""
     limits: dict[tuple[int, str], int] = {}
-    # What a bid pays at most where that is below what the clearing saw (an order's stated
-    # value under its incumbency's restart value: market/orders.py).
     pays: dict[tuple[int, str], int] = {}
     for bid_id, slug, price, charge_limit in BidLimit.objects.filter(bid__round=rnd).values_list(
         "bid_id", "tier__slug", "price", "charge_limit"
     ):
         limits[bid_id, slug] = price
         pays[bid_id, slug] = price if charge_limit is None else min(price, charge_limit)
-    tiers = Tier.objects.in_bulk(list(rnd.prices), field_name="slug")
+    return limits, pays
+
+
+def _awards_by_bid(rnd: Round) -> dict[int, list[tuple[str, int]]]:
     awards: dict[int, list[tuple[str, int]]] = defaultdict(list)
     for bid_id, slug, gpus in rnd.awards:
         awards[int(bid_id)].append((slug, int(gpus)))
+    return awards
 
-    facts = _facts(rnd, awards=awards, bids=bids)
-    limits_of: dict[int, dict[str, int]] = defaultdict(dict)
-    for (bid_id, slug), price in limits.items():
-        limits_of[bid_id][slug] = price
-    allocations: list[Allocation] = []
-    orders: list[TransferOrder] = []  # every bid's charge and release, moved in one batch
-    revenue = winners = 0
-    per_tier: dict[str, dict[str, int]] = defaultdict(lambda: {"gpus": 0, "charge": 0})
-    for bid in bids:
-        charge_total = 0
-        for slug, gpus in sorted(awards.get(bid.pk, [])):
-            limit = limits.get((bid.pk, slug))
-            if limit is None:
-                raise MarketError(
-                    f"round {rnd.pk}: the solver gave bid {bid.pk} tier {slug}, which it did not bid on"
-                )
-            price = min(int(rnd.prices[slug]), pays[bid.pk, slug])
-            charge = cost_floor(gpus=gpus, price=price, seconds=seconds)
-            charge_total += charge
-            per_tier[slug]["gpus"] += gpus
-            per_tier[slug]["charge"] += charge
-            allocations.append(
-                Allocation(
-                    tenant_id=bid.tenant_id,
-                    round=rnd,
-                    bid=bid,
-                    tier=tiers[slug],
-                    gpus=gpus,
-                    price=price,
-                    charge=charge,
-                    starts_at=rnd.starts_at,
-                    ends_at=rnd.ends_at,
-                )
-            )
-        if charge_total > bid.escrow:
+
+def _bid_allocate(
+    rnd: Round,
+    bid: Bid,
+    *,
+    awards: list[tuple[str, int]],
+    limits: dict[tuple[int, str], int],
+    pays: dict[tuple[int, str], int],
+    tiers: dict[str, Tier],
+    seconds: int,
+    books: _Books,
+) -> int:
+    """Add one allocation per tier the bid won to ``books``; return the bid's whole charge,
+    which must fit in its escrow."""
+    charge_total = 0
+    for slug, gpus in sorted(awards):
+        if limits.get((bid.pk, slug)) is None:
             raise MarketError(
-                f"round {rnd.pk}: bid {bid.pk} would be charged {charge_total} but holds only {bid.escrow}"
+                f"round {rnd.pk}: the solver gave bid {bid.pk} tier {slug}, which it did not bid on"
             )
-        ledger = {
-            "tenant": bid.tenant,
-            "reference": f"bid:{bid.pk}",
-            "campaign": bid.campaign,
-        }
-        won = sum(gpus for _, gpus in awards.get(bid.pk, []))
-        if charge_total:
-            orders.append(
-                TransferOrder(
-                    kind=Transfer.Kind.CHARGE,
-                    amount=charge_total,
-                    reason=f"round {rnd.pk}: bid {bid.pk} won {_gpus(won)}",
-                    idempotency_key=f"settle:{rnd.pk}:{bid.pk}:charge",
-                    **ledger,
-                )
+        price = min(int(rnd.prices[slug]), pays[bid.pk, slug])
+        charge = cost_floor(gpus=gpus, price=price, seconds=seconds)
+        charge_total += charge
+        books.per_tier[slug]["gpus"] += gpus
+        books.per_tier[slug]["charge"] += charge
+        books.allocations.append(
+            Allocation(
+                tenant_id=bid.tenant_id,
+                round=rnd,
+                bid=bid,
+                tier=tiers[slug],
+                gpus=gpus,
+                price=price,
+                charge=charge,
+                starts_at=rnd.starts_at,
+                ends_at=rnd.ends_at,
             )
-        rest = bid.escrow - charge_total
-        if rest:
-            orders.append(
-                TransferOrder(
-                    kind=Transfer.Kind.RELEASE,
-                    amount=rest,
-                    reason=f"round {rnd.pk}: escrow not spent by bid {bid.pk}",
-                    idempotency_key=f"settle:{rnd.pk}:{bid.pk}:release",
-                    **ledger,
-                )
-            )
-        won = bid.pk in awards
-        winners += won
-        bid.status = Bid.Status.WON if won else Bid.Status.LOST
-        bid.outcome, bid.outcome_reason = bid_reason(
-            bid_id=bid.pk,
-            tenant_id=bid.tenant_id,
-            quantity=bid.quantity,
-            min_quantity=bid.min_quantity,
-            limits=limits_of.get(bid.pk, {}),
-            awarded=dict(awards.get(bid.pk, [])),
-            facts=facts,
         )
-        bid.escrow = 0
-        bid.updated_at = now
-        revenue += charge_total
-    transfer_execute_many(orders=orders)
-    _place(rnd, allocations, bids)
-    rows_insert(allocations)
+    if charge_total > bid.escrow:
+        raise MarketError(
+            f"round {rnd.pk}: bid {bid.pk} would be charged {charge_total} but holds only {bid.escrow}"
+        )
+    return charge_total
+
+
+def _bid_transfers(rnd: Round, bid: Bid, *, charge: int, won: int) -> list[TransferOrder]:
+    """The bid's escrow split into what it is charged and what goes back to available
+    (``won``: GPUs awarded, for the charge's reason)."""
+    ledger = {"tenant": bid.tenant, "reference": f"bid:{bid.pk}", "campaign": bid.campaign}
+    orders: list[TransferOrder] = []
+    if charge:
+        orders.append(
+            TransferOrder(
+                kind=Transfer.Kind.CHARGE,
+                amount=charge,
+                reason=f"round {rnd.pk}: bid {bid.pk} won {_gpus(won)}",
+                idempotency_key=f"settle:{rnd.pk}:{bid.pk}:charge",
+                **ledger,
+            )
+        )
+    rest = bid.escrow - charge
+    if rest:
+        orders.append(
+            TransferOrder(
+                kind=Transfer.Kind.RELEASE,
+                amount=rest,
+                reason=f"round {rnd.pk}: escrow not spent by bid {bid.pk}",
+                idempotency_key=f"settle:{rnd.pk}:{bid.pk}:release",
+                **ledger,
+            )
+        )
+    return orders
+
+
+def _bid_close(
+    bid: Bid,
+    *,
+    awards: dict[int, list[tuple[str, int]]],
+    limits_of: dict[int, dict[str, int]],
+    facts: RoundFacts,
+    now: datetime,
+) -> None:
+    """Mark the bid won or lost with the reason a tenant reads, its escrow spent."""
+    bid.status = Bid.Status.WON if bid.pk in awards else Bid.Status.LOST
+    bid.outcome, bid.outcome_reason = bid_reason(
+        bid_id=bid.pk,
+        tenant_id=bid.tenant_id,
+        quantity=bid.quantity,
+        min_quantity=bid.min_quantity,
+        limits=limits_of.get(bid.pk, {}),
+        awarded=dict(awards.get(bid.pk, [])),
+        facts=facts,
+    )
+    bid.escrow = 0
+    bid.updated_at = now
+
+
+def _books_write(rnd: Round, *, bids: list[Bid], books: _Books, now: datetime) -> int:
+    """Move the money, place and insert the allocations, save the bids and settle the
+    standing orders behind them; return how many incumbents were preempted."""
+    transfer_execute_many(orders=books.orders)
+    _place(rnd, books.allocations, bids)
+    rows_insert(books.allocations)
     rows_update(bids, ["status", "escrow", "updated_at", "outcome", "outcome_reason"])
-    preemptions = orders_settle(rnd=rnd, bids=bids, allocations=allocations, now=now)
+    return orders_settle(rnd=rnd, bids=bids, allocations=books.allocations, now=now)
+
+
+def _round_mark_settled(
+    rnd: Round, *, bids: list[Bid], books: _Books, preemptions: int, now: datetime
+) -> None:
+    """Tell each tenant its result, queue the Slurm reservations on commit, save the round as
+    settled and record the ``round.settle`` audit event."""
     rnd.diagnostics = {**(rnd.diagnostics or {}), "preemptions": preemptions}
     _tenant_notices(rnd, bids)
-    placed = [a.pk for a in allocations if a.placement]
+    placed = [a.pk for a in books.allocations if a.placement]
     if placed and settings.GPUMARKET_SLURM_RESERVATIONS:
         transaction.on_commit(lambda: _slurm_reserve(placed))
-    rnd.revenue = revenue
+    rnd.revenue = books.revenue
     rnd.status = Round.Status.SETTLED
     rnd.settled_at = now
     rnd.save(update_fields=["revenue", "status", "settled_at", "diagnostics"])
@@ -173,16 +257,15 @@ def round_settle(*, round_id: int, now: datetime | None = None, wait: bool = Tru
         before={"status": Round.Status.CLEARED},
         after={
             "status": rnd.status,
-            "revenue": revenue,
+            "revenue": books.revenue,
             "bids": len(bids),
-            "winners": winners,
-            "allocations": len(allocations),
+            "winners": books.winners,
+            "allocations": len(books.allocations),
             "preemptions": preemptions,
             "prices": rnd.prices,
-            "tiers": dict(per_tier),
+            "tiers": dict(books.per_tier),
         },
     )
-    return rnd
 
 
 def energy_charge(*, joules: int, price: int) -> int:
