@@ -10,15 +10,17 @@ from collections.abc import Callable
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import redirect
 from django.utils.html import format_html
 
+from core.errors import DomainError
 from market.errors import MarketError
 from market.forms import TierCreateForm, TierForm
 from market.models import Allocation, Bid, BidLimit, PolicyVersion, Round, Tier
 from market.services.policy import policy_activate, policy_shadow_set
 from market.services.tiers import TIER_FIELDS, tier_create, tier_update
+from tenants.approvals import approval_needed
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -39,6 +41,16 @@ def _pretty(value) -> str:
 # Tiers ------------------------------------------------------------------------------------
 
 
+class _TierFormWithoutGpus(TierForm):
+    """The tier form under the two-person rule: a tier's GPUs change through a request a
+    second administrator approves (the Tiers page sends one), never here alone."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in ("capacity", "maintenance_gpus"):
+            self.fields.pop(name, None)
+
+
 @admin.register(Tier)
 class TierAdmin(admin.ModelAdmin):
     """Tiers through the staff page's forms (market/forms.py) and the tier services."""
@@ -57,11 +69,30 @@ class TierAdmin(admin.ModelAdmin):
     list_filter = ("preemptible", "active")
 
     def get_readonly_fields(self, request, obj=None):
-        return ("slug", "created_at") if obj is not None else ("created_at",)
+        if obj is None:
+            return ("created_at",)
+        if approval_needed("tier_change"):  # shown, not editable: _TierFormWithoutGpus
+            return ("slug", "created_at", "capacity", "maintenance_gpus")
+        return ("slug", "created_at")
 
     def get_form(self, request, obj=None, **kwargs):
-        kwargs["form"] = TierForm if obj is not None else TierCreateForm
+        if obj is None:
+            kwargs["form"] = TierCreateForm
+        elif approval_needed("tier_change"):
+            kwargs["form"] = _TierFormWithoutGpus
+        else:
+            kwargs["form"] = TierForm
         return super().get_form(request, obj, **kwargs)
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        # A refusal of the tier services (a capacity raised by hand above what the nodes
+        # report, say) is the person's to fix: said on the page, never a 500. The admin's
+        # own transaction has rolled back by the time it arrives here.
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except DomainError as exc:
+            self.message_user(request, str(exc), level=messages.ERROR)
+            return HttpResponseRedirect(request.path)
 
     def get_fields(self, request, obj=None):
         # A new tier is offered from the start: TierCreateForm has no "active", so the add

@@ -211,6 +211,42 @@ def test_a_tier_capacity_change_waits_and_other_fields_apply(world):
     assert tier.maintenance_gpus == 2
 
 
+def test_the_tier_admin_cannot_change_gpus_alone_under_the_rule(world, settings):
+    tier = world.tier
+    client = signed_in(world.admin)
+    page = client.get(f"/admin/market/tier/{tier.pk}/change/")
+    assert page.status_code == 200
+    assert b'name="capacity"' not in page.content
+    assert b'name="maintenance_gpus"' not in page.content
+    response = client.post(
+        f"/admin/market/tier/{tier.pk}/change/",
+        {
+            "name": "A100 renamed",
+            "gpu_model": tier.gpu_model,
+            "capacity": tier.capacity + 8,
+            "maintenance_gpus": 3,
+            "active": "on",
+            "preemptible": "",
+        },
+    )
+    assert response.status_code in (200, 302)
+    tier.refresh_from_db()
+    assert tier.maintenance_gpus == 0 and tier.capacity != 16  # unchanged by the admin page
+    # With the rule off for tier changes, the admin edits the GPUs directly again; raising
+    # the capacity above what the nodes report is refused on the page, not a 500.
+    settings.GPUMARKET_APPROVALS = {"policy_activate": {}}
+    url = f"/admin/market/tier/{tier.pk}/change/"
+    assert b'name="maintenance_gpus"' in client.get(url).content
+    form = {"name": "A100", "gpu_model": tier.gpu_model, "active": "on", "preemptible": ""}
+    raised = client.post(url, {**form, "capacity": tier.capacity + 8, "maintenance_gpus": 0})
+    assert raised.status_code == 302 and raised.url == url
+    assert "cannot be raised by hand" in client.get(url).content.decode()
+    lowered = client.post(url, {**form, "capacity": tier.capacity, "maintenance_gpus": 1})
+    assert lowered.status_code == 302
+    tier.refresh_from_db()
+    assert tier.maintenance_gpus == 1
+
+
 def test_an_approval_of_a_change_whose_starting_point_moved_is_refused(world):
     req = change_request(
         kind="tier_change",
