@@ -243,8 +243,10 @@ def bare_same_problem(inst: Instance, policy: str, params: dict | None) -> float
 def _clear_wire(payload: bytes) -> bytes:
     """A worker's side of a part, as the market.clear_part task does it: the columns in as
     MessagePack, checked, cleared, the result out as MessagePack."""
-    arrays, mechanism, params, quotas = arrays_from_json(msgpack.unpackb(payload))
-    return msgpack.packb(clear_part(arrays, mechanism=mechanism, params=params, quotas=quotas))
+    arrays, mechanism, params, reserved_quotas = arrays_from_json(msgpack.unpackb(payload))
+    return msgpack.packb(
+        clear_part(arrays, mechanism=mechanism, params=params, reserved_quotas=reserved_quotas)
+    )
 
 
 def _on_pool(pool: ProcessPoolExecutor, policy: str, params: dict | None):

@@ -109,8 +109,8 @@ def clear_part_task(part: dict, index: int) -> dict:
     (settings: CELERY_RESULT_SERIALIZER)."""
     if str(index) in os.environ.get(FAIL_PART_ENV, "").split(","):
         raise clearing.ClearingError(f"part {index}: failed on purpose ({FAIL_PART_ENV})")
-    arrays, mechanism, params, quotas = arrays_from_json(part)
-    return clear_part(arrays, mechanism=mechanism, params=params, quotas=quotas)
+    arrays, mechanism, params, reserved_quotas = arrays_from_json(part)
+    return clear_part(arrays, mechanism=mechanism, params=params, reserved_quotas=reserved_quotas)
 
 
 @shared_task(

@@ -86,19 +86,22 @@ def _limit(bidders: Bidders, tenant: str, priority: int = 2) -> int:
     return max(1, int(base * PRIORITY_PRICE.get(priority, 1.0)))
 
 
-def round_quotas(
-    quotas: Mapping[str, Mapping[str, float]] | str | None, *, tenants: set[str], tiers: set[str]
+def round_reserved_quotas(
+    reserved_quotas: Mapping[str, Mapping[str, float]] | str | None,
+    *,
+    tenants: set[str],
+    tiers: set[str],
 ) -> Mapping[str, Mapping[str, float]] | str:
     """The policy's reserved quotas for one replayed round: "by_weight" as is, a table kept to
     the round's bidding tenants and the scenario's tiers (the clearing refuses names it does
     not hold)."""
-    if not quotas:
+    if not reserved_quotas:
         return {}
-    if isinstance(quotas, str):
-        return quotas
+    if isinstance(reserved_quotas, str):
+        return reserved_quotas
     return {
         tenant: {tier: gpus for tier, gpus in row.items() if tier in tiers}
-        for tenant, row in quotas.items()
+        for tenant, row in reserved_quotas.items()
         if tenant in tenants and isinstance(row, Mapping)
     }
 
@@ -151,7 +154,7 @@ def replay(
     priorities: Mapping[tuple[str, str], int] | None = None,
     mechanism: str = "welfare",
     params: Mapping | None = None,
-    quotas: Mapping[str, Mapping[str, float]] | str | None = None,
+    reserved_quotas: Mapping[str, Mapping[str, float]] | str | None = None,
     round_hours: float,
     stride: int = 1,
     progress: Callable[[int, int], None] | None = None,
@@ -159,7 +162,7 @@ def replay(
     """Clear every ``stride``-th future round of ``demand`` with ``tiers``.
 
     ``priorities`` maps (tenant, tier) to the highest priority of that tenant's campaigns on
-    the tier; ``quotas`` is the policy's ``reserved_quotas``. Raises clearing.ClearingError
+    the tier; ``reserved_quotas`` is the policy's parameter of that name. Raises clearing.ClearingError
     if the solver does."""
     horizon = min(len(d.starts_at) for d in demand.values()) if demand else 0
     indices = list(range(0, horizon, max(1, stride)))
@@ -194,7 +197,9 @@ def replay(
                 tiers=solver_tiers,
                 tenants=tuple(clearing.Tenant(name=t) for t in sorted(tenants)),
                 bids=tuple(bids),
-                quotas=round_quotas(quotas, tenants=tenants, tiers=set(reserves)),
+                reserved_quotas=round_reserved_quotas(
+                    reserved_quotas, tenants=tenants, tiers=set(reserves)
+                ),
             )
             cleared = clearing.clear(instance, mechanism=mechanism, params=params or None)
             prices = {

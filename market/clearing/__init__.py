@@ -61,23 +61,23 @@ def warm() -> None:
     )
 
 
-def _quotas(
+def _reserved_quotas(
     setting: Mapping[str, Mapping[str, float]] | str, a: Arrays, divisible: bool
 ) -> dict[tuple[int, int], float]:
-    """The quotas setting in indices. Tenants and tiers the arrays do not hold are left out
+    """The reserved quotas setting in indices. Tenants and tiers the arrays do not hold are left out
     (a part of a partitioned round holds some of the tenants)."""
     if setting == "by_weight":
         return weight_quotas(a, divisible=divisible)
     if not isinstance(setting, Mapping) or not all(
         isinstance(r, Mapping) for r in setting.values()
     ):
-        raise ClearingError('quotas: must be "by_weight" or {tenant: {tier: GPUs}}')
+        raise ClearingError('reserved_quotas: must be "by_weight" or {tenant: {tier: GPUs}}')
     tenants = {name: i for i, name in enumerate(a.tenant_names)}
     tiers = {name: t for t, name in enumerate(a.tier_names)}
     quotas = {}
     for tenant, row in setting.items():
         for tier, gpus in row.items():
-            gpus = _finite_nonneg(gpus, f"quotas.{tenant}.{tier}", "GPUs ")
+            gpus = _finite_nonneg(gpus, f"reserved_quotas.{tenant}.{tier}", "GPUs ")
             if gpus > 0 and tenant in tenants and tier in tiers:
                 quotas[tenants[tenant], tiers[tier]] = gpus
     return quotas
@@ -123,7 +123,7 @@ def clear(
         mechanism=mechanism,
         params=params,
         divisible=divisible,
-        quotas=instance.quotas,
+        reserved_quotas=instance.reserved_quotas,
     )
     d = result.diagnostics
     flattening = time.perf_counter() - start - d["total_seconds"]
@@ -143,19 +143,22 @@ def clear_arrays(
     mechanism: str = "welfare",
     params: Mapping[str, Any] | None = None,
     divisible: bool = False,
-    quotas: Mapping[str, Mapping[str, float]] | str | None = None,
+    reserved_quotas: Mapping[str, Mapping[str, float]] | str | None = None,
 ) -> Result:
     """Clear an instance in arrays (``instance_arrays``, a part of a partitioned round, or
-    ``columns.arrays_from_json``); ``clear`` is this on an instance's arrays. ``quotas`` is
-    the instance's reserved quotas setting by name; names not in the arrays are left out."""
+    ``columns.arrays_from_json``); ``clear`` is this on an instance's arrays.
+    ``reserved_quotas`` is the instance's setting by name; names not in the arrays are left out."""
     start = time.perf_counter()
     if not isinstance(arrays, Arrays):
         raise ClearingError("arrays: must be a market.clearing.instance.inputs.Arrays")
-    quotas = quotas or {}
     chosen = mechanism_params(mechanism, params)
     if not divisible:
         _whole_quantities(arrays)
-    market = build_market(arrays, divisible=divisible, quotas=_quotas(quotas, arrays, divisible))
+    market = build_market(
+        arrays,
+        divisible=divisible,
+        reserved_quotas=_reserved_quotas(reserved_quotas or {}, arrays, divisible),
+    )
     outcome = MECHANISMS[mechanism].run(market, chosen)
 
     a = arrays

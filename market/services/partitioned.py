@@ -61,12 +61,12 @@ def clear_in_parts(
     *,
     mechanism: str,
     params: Mapping[str, Any] | None,
-    quotas: Mapping[str, Mapping[str, float]] | str,
+    reserved_quotas: Mapping[str, Mapping[str, float]] | str,
     parts: int,
 ) -> clearing.Result:
 
     def clear_here(sub: Arrays) -> dict[str, Any]:
-        return clear_part(sub, mechanism=mechanism, params=params, quotas=quotas)
+        return clear_part(sub, mechanism=mechanism, params=params, reserved_quotas=reserved_quotas)
 
     def on_workers(_clear: object, subs: Iterable[Arrays]) -> list[dict[str, Any]]:
         subs = list(subs)
@@ -79,7 +79,11 @@ def clear_in_parts(
                 CLEAR_PART_TASK,
                 args=(
                     arrays_to_json(
-                        sub, mechanism=mechanism, params=params, quotas=quotas, packed=True
+                        sub,
+                        mechanism=mechanism,
+                        params=params,
+                        reserved_quotas=reserved_quotas,
+                        packed=True,
                     ),
                     index,
                 ),

@@ -191,18 +191,25 @@ def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
             diagnostics={"status": "no bids", "mechanism": policy.mechanism},
         )
     params = {k: v for k, v in (policy.params or {}).items() if k not in PLATFORM_PARAMS}
-    quotas = _quotas(params.pop(QUOTAS_PARAM, None), data=data)
+    reserved_quotas = _reserved_quotas(params.pop(QUOTAS_PARAM, None), data=data)
     start = time.perf_counter()
     arrays = _arrays(data=data, policy=policy, reserves=reserves)
     arrays_seconds = time.perf_counter() - start
     parts = partition_parts(int(data.bid_ids.size), mechanism=policy.mechanism)
     if parts > 1:
         result = clear_in_parts(
-            arrays, mechanism=policy.mechanism, params=params or None, quotas=quotas, parts=parts
+            arrays,
+            mechanism=policy.mechanism,
+            params=params or None,
+            reserved_quotas=reserved_quotas,
+            parts=parts,
         )
     else:
         result = clearing.clear_arrays(
-            arrays, mechanism=policy.mechanism, params=params or None, quotas=quotas
+            arrays,
+            mechanism=policy.mechanism,
+            params=params or None,
+            reserved_quotas=reserved_quotas,
         )
     outcome = _outcome(
         result=result, data=data, arrays=arrays, reserves=reserves, mechanism=policy.mechanism
@@ -211,7 +218,7 @@ def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
     return replace(outcome, diagnostics=outcome.diagnostics | {"arrays_seconds": arrays_seconds})
 
 
-def _quotas(setting: object, *, data: RoundData) -> dict | str:
+def _reserved_quotas(setting: object, *, data: RoundData) -> dict | str:
     """The policy's reserved quotas in the solver's names: "by_weight" (each tenant's
     weighted share of every tier it bids on, set aside before the mechanism runs) or
     {tenant slug: {tier slug: GPUs}}; tenants without a bid and retired tiers drop out."""

@@ -240,7 +240,7 @@ class _Setting:
     round_minutes: int
     mechanism: str
     params: dict[str, Any]
-    quotas: Mapping[str, Mapping[str, float]] | str | None
+    reserved_quotas: Mapping[str, Mapping[str, float]] | str | None
     rounds_per_day: int
     horizon: int  # future rounds
     stride: int
@@ -263,7 +263,7 @@ def _setting(doc: ScenarioDoc) -> _Setting:
         k: v for k, v in ((policy.params or {}) if policy else {}).items()
         if k not in PLATFORM_PARAMS
     }  # fmt: skip
-    quotas = params.pop(QUOTAS_PARAM, None)
+    reserved_quotas = params.pop(QUOTAS_PARAM, None)
     per_day = max(1, (24 * 60) // round_minutes)
     horizon = doc.horizon_weeks * 7 * per_day
     return _Setting(
@@ -271,7 +271,7 @@ def _setting(doc: ScenarioDoc) -> _Setting:
         round_minutes=round_minutes,
         mechanism=policy.mechanism if policy else "welfare",
         params=params,
-        quotas=quotas,
+        reserved_quotas=reserved_quotas,
         rounds_per_day=per_day,
         horizon=horizon,
         stride=max(1, math.ceil(horizon / MAX_REPLAYED)),
@@ -361,8 +361,8 @@ def _replays(
 
     common = dict(
         bidders=bidders, priorities=_priorities(campaigns), mechanism=setting.mechanism,
-        params=setting.params, quotas=setting.quotas, round_hours=setting.round_minutes / 60,
-        stride=setting.stride,
+        params=setting.params, reserved_quotas=setting.reserved_quotas,
+        round_hours=setting.round_minutes / 60, stride=setting.stride,
     )  # fmt: skip
     base_demand = {s: d for s, d in demand.items() if s in existing}
     before = replay(tiers=baseline, demand=base_demand, progress=half(0), **common)

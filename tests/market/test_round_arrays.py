@@ -126,9 +126,11 @@ def test_a_round_is_cleared_in_parts_from_its_mechanisms_threshold(settings, mon
     settings.GPUMARKET_PARTITION_FAIR_ABOVE_BIDS = 100
     parted = []
 
-    def in_parts(arrays, *, mechanism, params, quotas, parts):
+    def in_parts(arrays, *, mechanism, params, reserved_quotas, parts):
         parted.append((mechanism, parts))
-        return clearing.clear_arrays(arrays, mechanism=mechanism, params=params, quotas=quotas)
+        return clearing.clear_arrays(
+            arrays, mechanism=mechanism, params=params, reserved_quotas=reserved_quotas
+        )
 
     monkeypatch.setattr(round_clearing, "clear_in_parts", in_parts)
     data = _data(np.random.default_rng(3), bids=300, tenants=12)

@@ -5,7 +5,7 @@
 Here the arrays (``inputs.Arrays``) travel as a few flat lists, and ``arrays_from_json``
 checks them whole with numpy, so a worker trusts nothing it is sent:
 
-    {"format": "gpumarket-arrays-1", "mechanism": ..., "params": {...}, "quotas": ...,
+    {"format": "gpumarket-arrays-2", "mechanism": ..., "params": {...}, "reserved_quotas": ...,
      "tiers":   {"name": [...], "capacity": [...], "reserve": [...], "max_share": [...]},
      "tenants": {"name": [...], "weight": [...], "budget": [... or null]},
      "bids":    {"id": [...], "tenant": [...], "quantity": [...], "min_quantity": [...],
@@ -27,7 +27,8 @@ import numpy as np
 from market.clearing.errors import ClearingError
 from market.clearing.instance.inputs import MAX_AMOUNT, Arrays
 
-FORMAT = "gpumarket-arrays-1"
+# 2: the reserved quotas travel as "reserved_quotas" (1 called them "quotas").
+FORMAT = "gpumarket-arrays-2"
 # The numbers of a packed column (``arrays_to_json(packed=True)``), by field: little-endian
 # float64 amounts, int32 indices (positions in a part's lists), one byte (0 or 1) a flag.
 PACKED = {
@@ -49,7 +50,7 @@ def arrays_to_json(
     *,
     mechanism: str,
     params: Mapping[str, Any] | None,
-    quotas: Mapping[str, Mapping[str, float]] | str | None = None,
+    reserved_quotas: Mapping[str, Mapping[str, float]] | str | None = None,
     packed: bool = False,
 ) -> dict[str, Any]:
     """The arrays as columns. ``packed``: each numeric column as the bytes of its numbers
@@ -69,7 +70,9 @@ def arrays_to_json(
         "format": FORMAT,
         "mechanism": mechanism,
         "params": dict(params or {}),
-        "quotas": quotas if isinstance(quotas, str) else dict(quotas or {}),
+        "reserved_quotas": reserved_quotas
+        if isinstance(reserved_quotas, str)
+        else dict(reserved_quotas or {}),
         "tiers": {
             "name": list(a.tier_names),
             "capacity": a.capacity.astype(np.int64).tolist(),
@@ -99,17 +102,18 @@ def arrays_to_json(
 
 
 def arrays_from_json(data: Any) -> tuple[Arrays, str, dict[str, Any], Any]:
-    """(arrays, mechanism, params, quotas) from what ``arrays_to_json`` wrote. Raises
+    """(arrays, mechanism, params, reserved_quotas) from what ``arrays_to_json`` wrote. Raises
     ClearingError naming the first field that is not as written there."""
     if not isinstance(data, Mapping) or data.get("format") != FORMAT:
         raise ClearingError(f"arrays: must be an object with format {FORMAT!r}")
-    mechanism, params, quotas = data.get("mechanism"), data.get("params"), data.get("quotas")
+    mechanism, params = data.get("mechanism"), data.get("params")
+    reserved_quotas = data.get("reserved_quotas")
     if not isinstance(mechanism, str):
         raise ClearingError("arrays.mechanism: must be a string")
     if not isinstance(params, Mapping):
         raise ClearingError("arrays.params: must be an object")
-    if not (quotas == "by_weight" or isinstance(quotas, Mapping)):
-        raise ClearingError('arrays.quotas: must be "by_weight" or {tenant: {tier: GPUs}}')
+    if not (reserved_quotas == "by_weight" or isinstance(reserved_quotas, Mapping)):
+        raise ClearingError('arrays.reserved_quotas: must be "by_weight" or {tenant: {tier: GPUs}}')
     tiers = _table(data, "tiers", ("name", "capacity", "reserve", "max_share"))
     tenants = _table(data, "tenants", ("name", "weight", "budget"))
     bids = _table(data, "bids", ("id", "tenant", "quantity", "min_quantity", "mixed_tiers"))
@@ -180,7 +184,7 @@ def arrays_from_json(data: Any) -> tuple[Arrays, str, dict[str, Any], Any]:
         arc_tier=arc_tier,
         arc_price=arc_price,
     )
-    return arrays, mechanism, dict(params), quotas
+    return arrays, mechanism, dict(params), reserved_quotas
 
 
 def _table(data: Mapping, name: str, fields: tuple[str, ...]) -> dict[str, list | bytes]:

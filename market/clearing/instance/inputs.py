@@ -114,7 +114,7 @@ class Instance:
     # Reserved quotas: {tenant: {tier: GPUs}} set aside before the mechanism runs (like a
     # nominal quota); "by_weight" sets each tenant's weighted share of every tier it bids on.
     # Empty (the default): no reservation; the guarantee holds inside each mechanism.
-    quotas: Mapping[str, Mapping[str, float]] | str = field(default_factory=dict)
+    reserved_quotas: Mapping[str, Mapping[str, float]] | str = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tiers", tuple(self.tiers))
@@ -136,27 +136,28 @@ class Instance:
             for tier in bid.limits:
                 if tier not in tiers:
                     raise ClearingError(f"bid {bid.id!r}.limits: unknown tier {tier!r}")
-        self._check_quotas(tiers, tenants)
+        self._check_reserved_quotas(tiers, tenants)
 
-    def _check_quotas(self, tiers: set[str], tenants: set[str]) -> None:
-        if isinstance(self.quotas, str):
-            if self.quotas != "by_weight":
+    def _check_reserved_quotas(self, tiers: set[str], tenants: set[str]) -> None:
+        quotas = self.reserved_quotas
+        if isinstance(quotas, str):
+            if quotas != "by_weight":
                 raise ClearingError(
-                    f'quotas: {self.quotas!r} is not a setting; use "by_weight" or '
+                    f'reserved_quotas: {quotas!r} is not a setting; use "by_weight" or '
                     "{tenant: {tier: GPUs}}"
                 )
             return
-        if not isinstance(self.quotas, Mapping):
-            raise ClearingError("quotas: must be an object {tenant: {tier: GPUs}}")
-        for tenant, row in self.quotas.items():
+        if not isinstance(quotas, Mapping):
+            raise ClearingError("reserved_quotas: must be an object {tenant: {tier: GPUs}}")
+        for tenant, row in quotas.items():
             if tenant not in tenants:
-                raise ClearingError(f"quotas.{tenant}: unknown tenant")
+                raise ClearingError(f"reserved_quotas.{tenant}: unknown tenant")
             if not isinstance(row, Mapping):
-                raise ClearingError(f"quotas.{tenant}: must be an object {{tier: GPUs}}")
+                raise ClearingError(f"reserved_quotas.{tenant}: must be an object {{tier: GPUs}}")
             for tier, gpus in row.items():
                 if tier not in tiers:
-                    raise ClearingError(f"quotas.{tenant}.{tier}: unknown tier")
-                _finite_nonneg(gpus, f"quotas.{tenant}.{tier}", "GPUs ")
+                    raise ClearingError(f"reserved_quotas.{tenant}.{tier}: unknown tier")
+                _finite_nonneg(gpus, f"reserved_quotas.{tenant}.{tier}", "GPUs ")
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,15 @@ Instance format::
      "bids":    [{"id": str, "tenant": str, "quantity": number >= 1,
                   "min_quantity": number >= 0 (0), "mixed_tiers": bool (false),
                   "limits": {"<tier>": number >= 0}}],
-     "quotas":  "by_weight" | {"<tenant>": {"<tier>": GPUs >= 0}} ({}),
+     "reserved_quotas": "by_weight" | {"<tenant>": {"<tier>": GPUs >= 0}} ({}),
      "policy":  {"name": "welfare" | "fisher" | "maxmin" ("welfare"), "params": {} ({})}}
 
-"quotas" are reserved quotas set aside before the mechanism runs ("by_weight": each tenant's
+"reserved_quotas" are GPUs set aside before the mechanism runs ("by_weight": each tenant's
 weighted share of every tier it bids on, the per-tier split); without them every mechanism
 holds the tenants' guarantee inside its own program. "policy.name" is the mechanism.
 
 Defaults in parentheses; unknown fields are refused so that a misspelt field is not silently
-ignored. Bounds: prices, limits, reserves, budgets and weights at most MAX_AMOUNT (1e12);
+ignored; the old key "quotas" is refused with a message naming "reserved_quotas". Bounds: prices, limits, reserves, budgets and weights at most MAX_AMOUNT (1e12);
 capacities and quantities at most MAX_GPUS; names and ids at most MAX_NAME characters; the
 file at most MAX_FILE_BYTES, UTF-8.
 """
@@ -193,9 +193,11 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
     if not isinstance(data, dict):
         raise ClearingError("instance: must be a JSON object with tiers, tenants and bids")
     for key in data:
-        if key not in ("tiers", "tenants", "bids", "quotas", "policy"):
+        if key == "quotas":
+            raise ClearingError('quotas: renamed; write "reserved_quotas" (same values)')
+        if key not in ("tiers", "tenants", "bids", "reserved_quotas", "policy"):
             raise ClearingError(
-                f"{key}: unknown field (known: tiers, tenants, bids, quotas, policy)"
+                f"{key}: unknown field (known: tiers, tenants, bids, reserved_quotas, policy)"
             )
     number = _number
     tiers = [
@@ -278,7 +280,7 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
         tiers=tuple(Tier(**t) for t in tiers),
         tenants=tuple(Tenant(**t) for t in tenants),
         bids=tuple(Bid(**b) for b in bids),
-        quotas=_quotas(data.get("quotas", {}), tenant_names, tier_names),
+        reserved_quotas=_reserved_quotas(data.get("reserved_quotas", {}), tenant_names, tier_names),
     )
     return instance, policy["name"], params
 
@@ -289,13 +291,15 @@ def _flag(value: Any, where: str) -> bool:
     return value
 
 
-def _quotas(value: Any, tenants: set[str], tiers: set[str]) -> dict | str:
+def _reserved_quotas(value: Any, tenants: set[str], tiers: set[str]) -> dict | str:
     """Shape only; Instance checks the names and the GPUs (same messages)."""
     if value != "by_weight" and not isinstance(value, dict):
-        raise ClearingError('quotas: must be "by_weight" or an object {tenant: {tier: GPUs}}')
+        raise ClearingError(
+            'reserved_quotas: must be "by_weight" or an object {tenant: {tier: GPUs}}'
+        )
     for tenant, row in value.items() if isinstance(value, dict) else ():
         for tier in row if isinstance(row, dict) else ():
-            _gpus(row[tier], _key(tier, _key(tenant, "quotas")))
+            _gpus(row[tier], _key(tier, _key(tenant, "reserved_quotas")))
     return value
 
 
@@ -330,9 +334,9 @@ def instance_to_json(
         ],
         "policy": {"name": mechanism, "params": dict(params or {})},
     }
-    if instance.quotas:
-        quotas = instance.quotas
-        data["quotas"] = (
+    if instance.reserved_quotas:
+        quotas = instance.reserved_quotas
+        data["reserved_quotas"] = (
             quotas
             if isinstance(quotas, str)
             else {tenant: dict(row) for tenant, row in quotas.items()}

@@ -55,7 +55,7 @@ def guarantee_values(market: Market, values: np.ndarray) -> tuple[np.ndarray, np
     tiers, where the path search took 0.4 s for both problems. With reserved quotas, more than
     SUBSET_TIERS tiers, it is ``guarantee_and_fair``."""
     a = market.arrays
-    if market.quotas_set or a.n_tiers > SUBSET_TIERS:
+    if market.reserved_quotas_set or a.n_tiers > SUBSET_TIERS:
         g, _, fair = guarantee_and_fair(market, values[a.arc_tenant, a.arc_tier])
         return g, fair
     g = _greedy_values(market, values, fractional=False)
@@ -184,7 +184,7 @@ def _bundles(
     same."""
     a = market.arrays
     N = a.n_tenants
-    if market.quotas_set:
+    if market.reserved_quotas_set:
         held = np.bincount(a.arc_tenant, weights=arc_value * market.floor_x, minlength=N)
         return held, market.floor_x.copy(), None
     share = whole(market.group_share, market.divisible or fractional)

@@ -85,7 +85,7 @@ def pools(market: Market, *, budget: np.ndarray | None = None) -> Pools | None:
     reserved quotas are set or pooling would not bring the bids to POOL_BELOW of them.
     ``budget`` (N,): the tenants' budgets to give the pooled market, where they come from the
     bids' own limits (fisher's), which a pool's best limit would change."""
-    if market.quotas_set:
+    if market.reserved_quotas_set:
         return None
     a = market.arrays
     B, T = a.n_bids, a.n_tiers

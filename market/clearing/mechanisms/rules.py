@@ -41,7 +41,7 @@ class Market:
     group_share: np.ndarray  # (G,) GPUs of the tier the tenant is entitled to, fractional
     capped: np.ndarray  # (G,) bool, the tenant's demand there exceeds its cap
     value: np.ndarray  # (E,) tenant's best limit on the arc's tier, credits/GPU-hour
-    quotas_set: bool  # reserved quotas replace the guarantee
+    reserved_quotas_set: bool  # reserved quotas replace the guarantee
     floor_x: np.ndarray  # (E,) GPUs given by the reserved quotas
     bid_room: np.ndarray  # (B,) GPUs a bid may still get after quotas
     tier_room: np.ndarray  # (T,) GPUs left on the tier after quotas
@@ -92,9 +92,13 @@ def fill_in_order(segment: np.ndarray, wanted: np.ndarray, room: np.ndarray) -> 
 
 
 def build_market(
-    arrays: Arrays, *, divisible: bool, quotas: Mapping[tuple[int, int], float] | None = None
+    arrays: Arrays,
+    *,
+    divisible: bool,
+    reserved_quotas: Mapping[tuple[int, int], float] | None = None,
 ) -> Market:
-    """The instance's groups, caps and shares; ``quotas`` maps (tenant, tier) indices to GPUs."""
+    """The instance's groups, caps and shares; ``reserved_quotas`` maps (tenant, tier)
+    indices to GPUs."""
     a = arrays
     T, E = a.n_tiers, a.arc_bid.size
     is_gang = a.min_quantity > (0.0 if divisible else 1.0)
@@ -118,10 +122,10 @@ def build_market(
 
     floor_x = np.zeros(E)
     room = a.quantity.copy()
-    if quotas:
+    if reserved_quotas:
         wanted = np.zeros(G)
         index = {int(k): g for g, k in enumerate(group_key.tolist())}
-        for (tenant, tier), gpus in quotas.items():
+        for (tenant, tier), gpus in reserved_quotas.items():
             g = index.get(tenant * T + tier)
             if g is not None:
                 wanted[g] = min(whole(np.asarray(float(gpus)), divisible), group_cap[g])
@@ -141,7 +145,7 @@ def build_market(
         # A share of 1 is the tier's capacity itself, which the tier row already holds.
         capped=(a.cap_share[group_tier] < 1.0) & (demand_all > group_cap + EPS),
         value=value_g[arc_group],
-        quotas_set=bool(quotas),
+        reserved_quotas_set=bool(reserved_quotas),
         floor_x=floor_x,
         bid_room=room,
         tier_room=np.maximum(tier_room, 0.0),

@@ -145,7 +145,7 @@ def clear_part(
     *,
     mechanism: str,
     params: Mapping[str, Any] | None = None,
-    quotas: Mapping[str, Mapping[str, float]] | str | None = None,
+    reserved_quotas: Mapping[str, Mapping[str, float]] | str | None = None,
 ) -> dict[str, Any]:
     """Clear one part and return its result as ``combine`` takes it (what a worker runs).
 
@@ -156,7 +156,9 @@ def clear_part(
     from market.clearing import clear_arrays
 
     with threadpool_limits(limits=1):
-        result = clear_arrays(part, mechanism=mechanism, params=params, quotas=quotas)
+        result = clear_arrays(
+            part, mechanism=mechanism, params=params, reserved_quotas=reserved_quotas
+        )
     return part_result_to_json(result, part)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from market.clearing import ClearingError, clear
 from market.clearing.instance.cli import main
-from market.clearing.instance.io import instance_from_json
+from market.clearing.instance.io import instance_from_json, instance_to_json
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "examples" / "instance.json"
 
@@ -156,7 +156,7 @@ def test_cli_refuses_bad_input_on_stderr(tmp_path, capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
-def test_quotas_and_mixed_tiers_come_from_the_file(tmp_path, capsys):
+def test_reserved_quotas_and_mixed_tiers_come_from_the_file(tmp_path, capsys):
     data = {
         "tiers": [{"name": "a100", "capacity": 10, "reserve_price": 1}],
         "tenants": [{"name": "rich"}, {"name": "small"}],
@@ -172,7 +172,7 @@ def test_quotas_and_mixed_tiers_come_from_the_file(tmp_path, capsys):
                 "limits": {"a100": 1},
             },
         ],
-        "quotas": "by_weight",
+        "reserved_quotas": "by_weight",
     }
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
@@ -180,12 +180,27 @@ def test_quotas_and_mixed_tiers_come_from_the_file(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     got = {a["bid"]: a["gpus"] for a in out["allocations"]}
     assert got == {"r": 5, "s": 5}  # the per-tier split by weight, set aside first
-    data["quotas"] = {"small": {"h100": 1}}
+    data["reserved_quotas"] = {"small": {"h100": 1}}
     path.write_text(json.dumps(data))
     assert main([str(path)]) == 2
-    assert "quotas.small.h100: unknown tier" in capsys.readouterr().err
-    data["quotas"] = {}
+    assert "reserved_quotas.small.h100: unknown tier" in capsys.readouterr().err
+    data["reserved_quotas"] = {}
     data["bids"][2]["mixed_tiers"] = "yes"
     path.write_text(json.dumps(data))
     assert main([str(path)]) == 2
     assert "bids[2].mixed_tiers: must be true or false" in capsys.readouterr().err
+
+
+def test_the_old_quotas_key_is_refused_naming_reserved_quotas():
+    data = {
+        "tiers": [{"name": "a100", "capacity": 4}],
+        "tenants": [{"name": "x"}],
+        "bids": [{"id": "b", "tenant": "x", "quantity": 1, "limits": {"a100": 2}}],
+        "quotas": "by_weight",
+    }
+    with pytest.raises(ClearingError, match=r'^quotas: renamed; write "reserved_quotas"'):
+        instance_from_json(data)
+    data["reserved_quotas"] = data.pop("quotas")
+    instance, _, _ = instance_from_json(data)
+    assert instance.reserved_quotas == "by_weight"
+    assert instance_to_json(instance)["reserved_quotas"] == "by_weight"

@@ -109,7 +109,10 @@ def check(inst: Instance, policy: str, divisible: bool) -> None:
             out["diagnostics"].pop(key)
     assert first == again, "same instance, same result"
     shuffled = Instance(
-        tiers=inst.tiers, tenants=inst.tenants[::-1], bids=inst.bids[::-1], quotas=inst.quotas
+        tiers=inst.tiers,
+        tenants=inst.tenants[::-1],
+        bids=inst.bids[::-1],
+        reserved_quotas=inst.reserved_quotas,
     )
     other = clear(shuffled, mechanism=policy, divisible=divisible).to_json()
     for key in TIMINGS:

@@ -297,19 +297,19 @@ def test_reserved_quotas_by_weight_keep_the_per_tier_split():
     tiers = (Tier("a100", 10, reserve_price=1),)
     tenants = (Tenant("rich", weight=1), Tenant("small", weight=1))
     bids = (Bid("r", "rich", 10, {"a100": 100}), Bid("s", "small", 6, {"a100": 3}))
-    r = clear(Instance(tiers, tenants, bids, quotas="by_weight"))
+    r = clear(Instance(tiers, tenants, bids, reserved_quotas="by_weight"))
     got = {a.bid: a.gpus for a in r.allocations}
     assert got == {"r": 5, "s": 5}
     assert r.prices == {"a100": 100.0}
-    explicit = clear(Instance(tiers, tenants, bids, quotas={"small": {"a100": 2}}))
+    explicit = clear(Instance(tiers, tenants, bids, reserved_quotas={"small": {"a100": 2}}))
     assert {a.bid: a.gpus for a in explicit.allocations} == {"r": 8, "s": 2}
 
 
-def test_quotas_must_name_known_tenants_and_tiers():
-    with pytest.raises(ClearingError, match=r"quotas\.nobody: unknown tenant"):
-        Instance((Tier("a", 1),), (Tenant("x"),), (), quotas={"nobody": {"a": 1}})
-    with pytest.raises(ClearingError, match=r"quotas: 'equal' is not a setting"):
-        Instance((Tier("a", 1),), (Tenant("x"),), (), quotas="equal")
+def test_reserved_quotas_must_name_known_tenants_and_tiers():
+    with pytest.raises(ClearingError, match=r"^reserved_quotas\.nobody: unknown tenant"):
+        Instance((Tier("a", 1),), (Tenant("x"),), (), reserved_quotas={"nobody": {"a": 1}})
+    with pytest.raises(ClearingError, match=r"^reserved_quotas: 'equal' is not a setting"):
+        Instance((Tier("a", 1),), (Tenant("x"),), (), reserved_quotas="equal")
 
 
 def test_large_whole_gpu_welfare_holds_every_guarantee_without_the_milp():

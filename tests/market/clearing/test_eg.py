@@ -228,7 +228,7 @@ def test_reserved_quotas_that_fill_tiers_clear_through_the_interior_point(monkey
     arcs can carry nothing. eg.py's start scaled every arc to nothing and its system was
     singular (LinAlgError out of ``clear``); now those arcs and tiers are left out of its
     program, which answers as the solver without it does."""
-    inst = dataclasses.replace(_instance(0, bids=600, tenants=40), quotas="by_weight")
+    inst = dataclasses.replace(_instance(0, bids=600, tenants=40), reserved_quotas="by_weight")
     module = fisher if mechanism == "fisher" else maxmin
     used = []
     for name in ("solve", "interior"):

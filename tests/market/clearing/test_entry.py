@@ -24,10 +24,13 @@ def test_clear_and_clear_arrays_give_the_same_json(mechanism, divisible):
     inst = _instance(tenants=10, bids=80, gang_share=0.1)
     quotas = {"n001": {"t0": 3}, "n004": {"t1": 2, "t2": 1}}
     for setting in ({}, quotas, "by_weight"):
-        with_quotas = Instance(inst.tiers, inst.tenants, inst.bids, quotas=setting)
+        with_quotas = Instance(inst.tiers, inst.tenants, inst.bids, reserved_quotas=setting)
         whole = clear(with_quotas, mechanism=mechanism, divisible=divisible)
         again = clear_arrays(
-            instance_arrays(with_quotas), mechanism=mechanism, divisible=divisible, quotas=setting
+            instance_arrays(with_quotas),
+            mechanism=mechanism,
+            divisible=divisible,
+            reserved_quotas=setting,
         )
         assert without_timings(whole) == without_timings(again), setting
         d = whole.diagnostics
@@ -48,7 +51,12 @@ def test_clear_goes_through_clear_arrays(monkeypatch):
     inst = _instance(tenants=4, bids=20)
     clear(inst, mechanism="maxmin", params={"time_limit": 5})
     assert calls == [
-        {"mechanism": "maxmin", "params": {"time_limit": 5}, "divisible": False, "quotas": {}}
+        {
+            "mechanism": "maxmin",
+            "params": {"time_limit": 5},
+            "divisible": False,
+            "reserved_quotas": {},
+        }
     ]
 
 

@@ -134,9 +134,11 @@ def test_clear_arrays_gives_what_clear_gives():
     quotas = {"n001": {"t0": 3}, "n004": {"t1": 2, "t2": 1}}
     for policy in ("welfare", "maxmin", "fisher"):
         for setting in ({}, quotas, "by_weight"):
-            with_quotas = Instance(inst.tiers, inst.tenants, inst.bids, quotas=setting)
+            with_quotas = Instance(inst.tiers, inst.tenants, inst.bids, reserved_quotas=setting)
             exact = clear(with_quotas, mechanism=policy)
-            again = clear_arrays(instance_arrays(with_quotas), mechanism=policy, quotas=setting)
+            again = clear_arrays(
+                instance_arrays(with_quotas), mechanism=policy, reserved_quotas=setting
+            )
             assert again.allocations == exact.allocations, (policy, setting)
             assert again.charges == exact.charges and again.prices == exact.prices
 
@@ -318,7 +320,11 @@ def test_a_part_goes_to_a_worker_and_back_unchanged(serializer, packed):
     wire = _through(
         serializer,
         arrays_to_json(
-            sub, mechanism="maxmin", params={"time_limit": 5}, quotas=quotas, packed=packed
+            sub,
+            mechanism="maxmin",
+            params={"time_limit": 5},
+            reserved_quotas=quotas,
+            packed=packed,
         ),
     )
     assert isinstance(wire["arcs"]["price"], bytes) == packed
@@ -329,9 +335,11 @@ def test_a_part_goes_to_a_worker_and_back_unchanged(serializer, packed):
         {"time_limit": 5},
         quotas,
     )
-    result = clear_part(back, mechanism=mechanism, params=params, quotas=got_quotas)
+    result = clear_part(back, mechanism=mechanism, params=params, reserved_quotas=got_quotas)
     assert _through(serializer, result) == result
-    assert _timeless(result) == _timeless(clear_part(sub, mechanism="maxmin", quotas=quotas))
+    assert _timeless(result) == _timeless(
+        clear_part(sub, mechanism="maxmin", reserved_quotas=quotas)
+    )
 
 
 def _timeless(part_result: dict) -> dict:
@@ -369,7 +377,7 @@ def _set(path: str, value):
     [
         (_set("format", "v0"), "format"),
         (_set("mechanism", 3), "arrays.mechanism"),
-        (_set("quotas", "by_luck"), "arrays.quotas"),
+        (_set("reserved_quotas", "by_luck"), "arrays.reserved_quotas"),
         (_set("tiers.capacity.0", 2.5), "tiers.capacity: must be whole"),
         (_set("tiers.max_share.1", 0), "tiers.max_share"),
         (_set("tenants.name.1", "a"), "tenants.name: must be in order"),
