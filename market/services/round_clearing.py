@@ -69,7 +69,8 @@ def _fault_injection_hold(round_id: int) -> None:
 
 @dataclass(frozen=True)
 class RoundData:
-    """The round's open bids and offered tiers as arrays (row = bid, column = tier)."""
+    """The round's open bids and offered tiers as arrays (row = bid, column = tier), in the
+    platform's ids and units; ``_arrays`` makes the solver's ``Arrays`` of it."""
 
     bid_ids: np.ndarray  # (n_bids,) int64
     tenant_ids: np.ndarray  # (n_bids,) int64
@@ -144,8 +145,9 @@ def round_data(rnd: Round, *, left_out: frozenset[int] = frozenset()) -> RoundDa
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """A solved round in the platform's units."""
+class RoundOutcome:
+    """A solved round in the platform's units: the solver's ``clearing.Result`` as whole GPUs
+    per (bid, tier) of its ``RoundData`` and prices in milli-credits, rounded down."""
 
     gpus: np.ndarray  # (n_bids, n_tiers) int64, GPUs awarded
     prices: dict[str, int]  # tier slug -> milli-credits per GPU-hour, rounded down
@@ -181,11 +183,11 @@ def tier_price(raw: float, *, reserve: int) -> int:
     return max(int(math.floor(raw + 1e-6)), reserve)
 
 
-def solve(*, data: RoundData, policy: PolicyVersion) -> Outcome:
+def solve(*, data: RoundData, policy: PolicyVersion) -> RoundOutcome:
     """Solve one round's instance under ``policy``. Raises clearing.ClearingError."""
     reserves = np.array([policy.reserve_for(slug) for slug in data.tier_slugs], dtype=np.int64)
     if data.bid_ids.size == 0:
-        return Outcome(
+        return RoundOutcome(
             gpus=np.zeros((0, len(data.tier_slugs)), dtype=np.int64),
             prices=dict(zip(data.tier_slugs, (int(r) for r in reserves), strict=True)),
             diagnostics={"status": "no bids", "mechanism": policy.mechanism},
@@ -302,7 +304,7 @@ def _outcome(
     arrays: Arrays,
     reserves: np.ndarray,
     mechanism: str,
-) -> Outcome:
+) -> RoundOutcome:
     """The solver's result in platform units, checked: whole GPUs, only on tiers a bid
     accepted, never above a tier's capacity. A violation is a solver fault and fails the round
     rather than being settled."""
@@ -332,7 +334,7 @@ def _outcome(
         slug: tier_price(float(result.prices.get(slug, reserves[j])), reserve=int(reserves[j]))
         for j, slug in enumerate(data.tier_slugs)
     }
-    return Outcome(
+    return RoundOutcome(
         gpus=gpus,
         prices=prices,
         diagnostics=_jsonable(dict(result.diagnostics)) | {"mechanism": mechanism},
@@ -356,7 +358,7 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _summary(outcome: Outcome, data: RoundData, policy: PolicyVersion) -> dict[str, Any]:
+def _summary(outcome: RoundOutcome, data: RoundData, policy: PolicyVersion) -> dict[str, Any]:
     allocated = (
         outcome.gpus.sum(axis=0)
         if outcome.gpus.size
@@ -421,7 +423,7 @@ class _Unclearable(Exception):
 
 def _solve_placeable(
     rnd: Round, *, left_out: dict[int, str]
-) -> tuple[RoundData, Outcome, dict[int, str]]:
+) -> tuple[RoundData, RoundOutcome, dict[int, str]]:
     """Solve the round; a gang that won GPUs no node can hold together is cleared out, never
     charged for GPUs it cannot use, and the round is solved again without it."""
     misplaced: dict[int, str] = {}
@@ -448,7 +450,7 @@ def _outcome_store(
     rnd: Round,
     *,
     data: RoundData,
-    outcome: Outcome,
+    outcome: RoundOutcome,
     left_out: dict[int, str],
     misplaced: dict[int, str],
     now: datetime,
