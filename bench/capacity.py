@@ -60,7 +60,7 @@ def run(*, windows: int, spare: bool) -> dict[str, float]:
     call_command("migrate", verbosity=0)
     from market.demo import DEMO_ORDERS, DEMO_POLICY, demo_market_seed
     from market.models import Allocation, Order, Reclaim, Tier
-    from market.services.orders import order_create
+    from market.services.orders.lifecycle import order_create
     from market.services.policy import policy_activate, policy_active, policy_version_create
     from market.services.tick import rounds_tick
     from telemetry.models import Gpu, Node, Sample

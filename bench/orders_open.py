@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from market.models import Order, Round
     from market.services.bids import bid_place
-    from market.services.orders import order_create, orders_bid
+    from market.services.orders.lifecycle import order_create
+    from market.services.orders.opening import orders_bid
     from market.services.policy import policy_activate, policy_version_create
     from market.services.rounds import round_open_next
     from market.services.tiers import tier_create

@@ -12,7 +12,7 @@ from django.db import transaction
 from market.models import Order, PolicyVersion, Tier
 from market.selectors import policy_active_get
 from market.services._common import now_or
-from market.services.orders import order_create
+from market.services.orders.lifecycle import order_create
 from market.services.policy import policy_activate, policy_version_create
 from market.services.tiers import tier_create
 from tenants.models import Tenant

@@ -31,7 +31,13 @@ from market.selectors import (
     orders_for_tenant,
     tiers_offered,
 )
-from market.services.orders import order_cancel, order_create, order_edit, order_pause, order_resume
+from market.services.orders.lifecycle import (
+    order_cancel,
+    order_create,
+    order_edit,
+    order_pause,
+    order_resume,
+)
 from tenants.access import require_tenant
 
 

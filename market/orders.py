@@ -1,6 +1,6 @@
 """Standing orders as arithmetic: the bid an order makes in a round and what a round's result
 does to it. Pure Python (no Django), so the platform's round opener and settlement
-(market/services/orders.py) and the simulator (market/simulator) run the same rules.
+(market/services/orders/) and the simulator (market/simulator) run the same rules.
 
 Units: money in milli-credits, values in milli-credits per GPU-hour, work in GPU-seconds.
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from market.models import Bid, PolicyVersion, Tier
 from market.services.bids import bid_place
-from market.services.orders import order_create
+from market.services.orders.lifecycle import order_create
 from tenants.models import Membership
 from tests import factories
 from tests.market.marketkit import market_make

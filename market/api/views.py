@@ -47,7 +47,13 @@ from market.selectors import (
 )
 from market.services.bids import bid_cancel, bid_edit, bid_place
 from market.services.launch import allocation_launch
-from market.services.orders import order_cancel, order_create, order_edit, order_pause, order_resume
+from market.services.orders.lifecycle import (
+    order_cancel,
+    order_create,
+    order_edit,
+    order_pause,
+    order_resume,
+)
 from tenants.access import access_object
 from tenants.api.base import Pagination, TenantScopedViewSet
 from tenants.api.errors import Missing, Refused

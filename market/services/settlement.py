@@ -21,7 +21,7 @@ from market.models import Allocation, Bid, BidLimit, Round, Tier
 from market.outcomes import RoundFacts, bid_reason
 from market.services._common import bids_locked, cost_floor, now_or, round_locked
 from market.services.bids import window_seconds
-from market.services.orders import orders_settle
+from market.services.orders.settling import orders_settle
 from market.services.placement import as_json, round_placement
 from tenants.ledger import (
     TransferOrder,

@@ -14,7 +14,7 @@ from market.models import Round
 from market.services._common import now_or
 from market.services.backfill import backfill_run
 from market.services.guardrails import guardrails_enforce
-from market.services.orders import orders_bid
+from market.services.orders.opening import orders_bid
 from market.services.round_clearing import round_clear
 from market.services.rounds import round_finish, round_open_next
 from market.services.settlement import round_settle

@@ -29,7 +29,7 @@ from core.rows import rows_update
 from market.errors import MarketError
 from market.models import Allocation, Bid, Round
 from market.services._common import bids_locked, now_or, round_locked, round_notices_send
-from market.services.orders import orders_unsettle
+from market.services.orders.settling import orders_unsettle
 from tenants.errors import TenantError
 from tenants.ledger import TransferOrder, credits, transfer_execute_many
 from tenants.models import Notification, Tenant, Transfer

@@ -19,7 +19,7 @@ from governance.models import ChangeRequest
 from governance.services import change_request
 from market.models import Allocation, Bid, Order, Round
 from market.services.bids import bid_place
-from market.services.orders import order_create, order_pause
+from market.services.orders.lifecycle import order_create, order_pause
 from market.services.policy import policy_activate, policy_active, policy_version_create
 from market.services.rounds import round_open_next
 from market.services.tick import round_process

@@ -13,7 +13,8 @@ from django.db.models import Sum
 from market.errors import MarketError
 from market.models import Bid, Order
 from market.services.bids import bid_place
-from market.services.orders import order_create, order_edit, orders_bid
+from market.services.orders.lifecycle import order_create, order_edit
+from market.services.orders.opening import orders_bid
 from market.services.rounds import round_close
 from tenants.ledger import balance_get, ledger_verify
 from tests import factories

@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from market.models import Bid, Order, Round
-from market.services.orders import order_create
+from market.services.orders.lifecycle import order_create
 from market.services.tick import rounds_tick
 from tests import factories
 from tests.market.marketkit import T0

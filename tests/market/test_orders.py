@@ -14,14 +14,14 @@ from audit.models import AuditEvent
 from market.errors import MarketError
 from market.models import Allocation, Bid, BidLimit, Order, Round
 from market.services.bids import bid_cancel, bid_place
-from market.services.orders import (
+from market.services.orders.lifecycle import (
     order_cancel,
     order_create,
     order_edit,
     order_pause,
     order_resume,
-    orders_bid,
 )
+from market.services.orders.opening import orders_bid
 from market.services.tick import rounds_tick
 from market.services.void import round_void
 from tenants.budgets import budget_set

@@ -14,7 +14,7 @@ from market.errors import MarketError
 from market.models import Allocation, Backfill, Bid, Order, Reclaim
 from market.services.backfill import backfill_pool, backfill_run
 from market.services.launch import allocation_launch
-from market.services.orders import order_create
+from market.services.orders.lifecycle import order_create
 from market.services.policy import policy_activate, policy_active, policy_version_create
 from market.services.tick import rounds_tick
 from market.services.void import round_void

@@ -23,7 +23,8 @@ from django.utils import timezone
 from market.models import Allocation, Bid, Order, Round
 from market.services.bids import bid_place
 from market.services.launch import allocation_launch
-from market.services.orders import order_create, orders_bid
+from market.services.orders.lifecycle import order_create
+from market.services.orders.opening import orders_bid
 from market.services.policy import policy_activate, policy_active, policy_version_create
 from telemetry.agent.simulated_backend import spawn_simulated_work
 from telemetry.models import EnforcementAction, Gpu, Node
