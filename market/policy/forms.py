@@ -16,7 +16,7 @@ from market.errors import MarketError
 from market.models import PolicyVersion, Tier
 from market.policy.guardrails import guardrails_validate
 from market.services.policy import MAX_ROUND_MINUTES
-from market.services.round_clearing import QUOTAS_PARAM
+from market.services.round_clearing import RESERVED_QUOTAS_PARAM
 from tenants.forms import CreditsField
 
 MAX_RESERVE = 10**9
@@ -162,7 +162,7 @@ class PolicyVersionForm(forms.Form):
             ) from exc
         if not isinstance(value, dict):
             raise forms.ValidationError('parameters must be a JSON object, e.g. {"key": 1}')
-        quotas = value.get(QUOTAS_PARAM)
+        quotas = value.get(RESERVED_QUOTAS_PARAM)
         if quotas not in (None, "by_weight") and not (
             isinstance(quotas, dict)
             and all(
@@ -175,7 +175,7 @@ class PolicyVersionForm(forms.Form):
             )
         ):
             raise forms.ValidationError(
-                f'{QUOTAS_PARAM}: use "by_weight" or {{"tenant-slug": {{"tier-slug": GPUs}}}} '
+                f'{RESERVED_QUOTAS_PARAM}: use "by_weight" or {{"tenant-slug": {{"tier-slug": GPUs}}}} '
                 "with whole numbers of GPUs from 0 to 100000"
             )
         return value

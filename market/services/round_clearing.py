@@ -48,7 +48,7 @@ CLEARING_HOLD_ENV = "GPUMARKET_TEST_CLEARING_HOLD"
 CLEARING_HOLD_SECONDS = 120
 # Policy parameter for reserved quotas (Kueue-style nominal quotas), read here, not by the
 # mechanism: "by_weight" or {tenant slug: {tier slug: GPUs}}; empty by default.
-QUOTAS_PARAM = "reserved_quotas"
+RESERVED_QUOTAS_PARAM = "reserved_quotas"
 
 
 def _fault_injection_hold(round_id: int) -> None:
@@ -193,7 +193,7 @@ def solve(*, data: RoundData, policy: PolicyVersion) -> RoundOutcome:
             diagnostics={"status": "no bids", "mechanism": policy.mechanism},
         )
     params = {k: v for k, v in (policy.params or {}).items() if k not in PLATFORM_PARAMS}
-    reserved_quotas = _reserved_quotas(params.pop(QUOTAS_PARAM, None), data=data)
+    reserved_quotas = _reserved_quotas(params.pop(RESERVED_QUOTAS_PARAM, None), data=data)
     start = time.perf_counter()
     arrays = _arrays(data=data, policy=policy, reserves=reserves)
     arrays_seconds = time.perf_counter() - start
@@ -230,7 +230,7 @@ def _reserved_quotas(setting: object, *, data: RoundData) -> dict | str:
         return "by_weight"
     if not isinstance(setting, dict):
         raise clearing.ClearingError(
-            f'{QUOTAS_PARAM}: must be "by_weight" or {{tenant: {{tier: GPUs}}}}'
+            f'{RESERVED_QUOTAS_PARAM}: must be "by_weight" or {{tenant: {{tier: GPUs}}}}'
         )
     slugs = dict(
         Tenant.objects.filter(pk__in=np.unique(data.tenant_ids).tolist()).values_list("slug", "pk")

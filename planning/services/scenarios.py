@@ -29,7 +29,7 @@ from market.forecast_selectors import TierHistory, tier_demand_history
 from market.models import Bid, BidLimit, PolicyVersion, Tier
 from market.selectors import policy_active_get
 from market.services.policy import PLATFORM_PARAMS
-from market.services.round_clearing import QUOTAS_PARAM
+from market.services.round_clearing import RESERVED_QUOTAS_PARAM
 from planning.demand import CampaignLoad, TierDemand, tier_demand
 from planning.errors import PlanningError
 from planning.forecast import HORIZON_DAYS, SEASONAL_NAIVE
@@ -263,7 +263,7 @@ def _setting(doc: ScenarioDoc) -> _Setting:
         k: v for k, v in ((policy.params or {}) if policy else {}).items()
         if k not in PLATFORM_PARAMS
     }  # fmt: skip
-    reserved_quotas = params.pop(QUOTAS_PARAM, None)
+    reserved_quotas = params.pop(RESERVED_QUOTAS_PARAM, None)
     per_day = max(1, (24 * 60) // round_minutes)
     horizon = doc.horizon_weeks * 7 * per_day
     return _Setting(
