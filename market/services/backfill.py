@@ -109,13 +109,7 @@ def backfill_run(*, now: datetime | None = None, force: bool = False) -> Backfil
     lock; its bids, escrow, charges and allocations are written in this one transaction."""
     now = now_or(now)
     report = BackfillReport()
-    rnd = (
-        Round.objects.select_for_update(of=("self",), skip_locked=True)
-        .select_related("policy")
-        .filter(status=Round.Status.SETTLED, starts_at__lte=now, ends_at__gt=now)
-        .order_by("-starts_at")
-        .first()
-    )
+    rnd = _window_running_locked(now)
     if rnd is None:
         report.skipped = "no settled window runs now"
         return report
@@ -130,20 +124,7 @@ def backfill_run(*, now: datetime | None = None, force: bool = False) -> Backfil
         return report
     pool = backfill_pool(now=now)
     report.offered = {slug: len(gpus) for slug, gpus in pool.items()}
-    holding = set(
-        Allocation.objects.filter(
-            status__in=(Allocation.Status.ACTIVE, Allocation.Status.PAUSED),
-            starts_at__lte=now,
-            ends_at__gt=now,
-            bid__order__isnull=False,
-        ).values_list("bid__order_id", flat=True)
-    )
-    orders = list(
-        Order.objects.select_for_update()
-        .filter(status=Order.Status.ACTIVE, preemptible=True)
-        .exclude(pk__in=holding)
-        .order_by("pk")
-    )
+    orders = _orders_preemptible_locked(now)
     if not pool or not orders:
         report.skipped = "nothing to offer" if not pool else "no order accepts preemptible capacity"
         return report
@@ -152,67 +133,127 @@ def backfill_run(*, now: datetime | None = None, force: bool = False) -> Backfil
     )
     report.backfill = backfill.pk
     bids = _bids(backfill=backfill, rnd=rnd, orders=orders, pool=pool, seconds=seconds)
-    slugs = sorted(pool)
     if bids:
-        limits = {
-            (b, slug): price
-            for b, slug, price in BidLimit.objects.filter(bid__in=bids).values_list(
-                "bid_id", "tier__slug", "price"
-            )
-        }
-        data = RoundData(
-            bid_ids=np.array([b.pk for b in bids], dtype=np.int64),
-            tenant_ids=np.array([b.tenant_id for b in bids], dtype=np.int64),
-            quantity=np.array([b.quantity for b in bids], dtype=np.int64),
-            min_quantity=np.array([b.min_quantity for b in bids], dtype=np.int64),
-            escrow=np.array([b.escrow for b in bids], dtype=np.int64),
-            limits=np.array(
-                [[limits.get((b.pk, slug), 0) for slug in slugs] for b in bids], dtype=np.int64
-            ),
-            tier_slugs=slugs,
-            capacity=np.array([len(pool[slug]) for slug in slugs], dtype=np.int64),
-            tenant_weights=dict(
-                Tenant.objects.filter(pk__in={b.tenant_id for b in bids}).values_list(
-                    "pk", "weight"
-                )
-            ),
-            seconds=seconds,
+        report.allocations = _backfill_clear(
+            backfill=backfill, rnd=rnd, bids=bids, pool=pool, seconds=seconds, now=now
         )
-        try:
-            outcome = solve(data=data, policy=rnd.policy)
-        except clearing.ClearingError as exc:
-            logger.error("backfill %s could not clear: %s", backfill.pk, exc)
-            outcome = None
-            backfill.diagnostics = {"status": "failed", "error": str(exc)[:300]}
-        if outcome is not None:
-            backfill.prices = outcome.prices
-            backfill.diagnostics = outcome.diagnostics | {
-                "status": outcome.diagnostics.get("status", "")
-            }
-            report.allocations = _settle(
-                backfill=backfill,
-                rnd=rnd,
-                bids=bids,
-                awards=outcome.awards(data),
-                prices=outcome.prices,
-                limits=limits,
-                pool=pool,
-                seconds=seconds,
-                now=now,
-            )
-        else:
-            _settle(
-                backfill=backfill,
-                rnd=rnd,
-                bids=bids,
-                awards=[],
-                prices={},
-                limits={},
-                pool=pool,
-                seconds=seconds,
-                now=now,
-            )
     backfill.save(update_fields=["prices", "diagnostics", "gpus_won", "revenue"])
+    _backfill_audit(backfill, rnd=rnd, bids=bids, allocations=report.allocations)
+    return report
+
+
+def _window_running_locked(now: datetime) -> Round | None:
+    """The settled round whose window runs at ``now``, locked; None when there is none or
+    another worker holds it (single flight)."""
+    return (
+        Round.objects.select_for_update(of=("self",), skip_locked=True)
+        .select_related("policy")
+        .filter(status=Round.Status.SETTLED, starts_at__lte=now, ends_at__gt=now)
+        .order_by("-starts_at")
+        .first()
+    )
+
+
+def _orders_preemptible_locked(now: datetime) -> list[Order]:
+    """The active orders that accept preemptible capacity and hold no GPUs now, locked."""
+    holding = set(
+        Allocation.objects.filter(
+            status__in=(Allocation.Status.ACTIVE, Allocation.Status.PAUSED),
+            starts_at__lte=now,
+            ends_at__gt=now,
+            bid__order__isnull=False,
+        ).values_list("bid__order_id", flat=True)
+    )
+    return list(
+        Order.objects.select_for_update()
+        .filter(status=Order.Status.ACTIVE, preemptible=True)
+        .exclude(pk__in=holding)
+        .order_by("pk")
+    )
+
+
+def _backfill_clear(
+    *,
+    backfill: Backfill,
+    rnd: Round,
+    bids: list[Bid],
+    pool: dict[str, list[FreeGpu]],
+    seconds: int,
+    now: datetime,
+) -> list[int]:
+    """Clear the sub-round's bids with the round's policy and settle them; a clearing that
+    fails is recorded on the backfill and every bid's escrow goes back. Returns the new
+    allocations' ids."""
+    limits = {
+        (b, slug): price
+        for b, slug, price in BidLimit.objects.filter(bid__in=bids).values_list(
+            "bid_id", "tier__slug", "price"
+        )
+    }
+    data = _round_data(bids, limits=limits, pool=pool, seconds=seconds)
+    try:
+        outcome = solve(data=data, policy=rnd.policy)
+    except clearing.ClearingError as exc:
+        logger.error("backfill %s could not clear: %s", backfill.pk, exc)
+        backfill.diagnostics = {"status": "failed", "error": str(exc)[:300]}
+        _settle(
+            backfill=backfill,
+            rnd=rnd,
+            bids=bids,
+            awards=[],
+            prices={},
+            limits={},
+            pool=pool,
+            seconds=seconds,
+            now=now,
+        )
+        return []
+    backfill.prices = outcome.prices
+    backfill.diagnostics = outcome.diagnostics | {"status": outcome.diagnostics.get("status", "")}
+    return _settle(
+        backfill=backfill,
+        rnd=rnd,
+        bids=bids,
+        awards=outcome.awards(data),
+        prices=outcome.prices,
+        limits=limits,
+        pool=pool,
+        seconds=seconds,
+        now=now,
+    )
+
+
+def _round_data(
+    bids: list[Bid],
+    *,
+    limits: dict[tuple[int, str], int],
+    pool: dict[str, list[FreeGpu]],
+    seconds: int,
+) -> RoundData:
+    """The sub-round as the clearing reads a round: its bids' columns, the pool's GPUs per
+    tier as capacity."""
+    slugs = sorted(pool)
+    return RoundData(
+        bid_ids=np.array([b.pk for b in bids], dtype=np.int64),
+        tenant_ids=np.array([b.tenant_id for b in bids], dtype=np.int64),
+        quantity=np.array([b.quantity for b in bids], dtype=np.int64),
+        min_quantity=np.array([b.min_quantity for b in bids], dtype=np.int64),
+        escrow=np.array([b.escrow for b in bids], dtype=np.int64),
+        limits=np.array(
+            [[limits.get((b.pk, slug), 0) for slug in slugs] for b in bids], dtype=np.int64
+        ),
+        tier_slugs=slugs,
+        capacity=np.array([len(pool[slug]) for slug in slugs], dtype=np.int64),
+        tenant_weights=dict(
+            Tenant.objects.filter(pk__in={b.tenant_id for b in bids}).values_list("pk", "weight")
+        ),
+        seconds=seconds,
+    )
+
+
+def _backfill_audit(
+    backfill: Backfill, *, rnd: Round, bids: list[Bid], allocations: list[int]
+) -> None:
     audit.record(
         actor=SYSTEM,
         action="backfill.clear",
@@ -222,12 +263,11 @@ def backfill_run(*, now: datetime | None = None, force: bool = False) -> Backfil
             "offered": backfill.capacities,
             "prices": backfill.prices,
             "bids": len(bids),
-            "allocations": report.allocations,
+            "allocations": allocations,
             "gpus_won": backfill.gpus_won,
             "revenue": backfill.revenue,
         },
     )
-    return report
 
 
 def _bids(
@@ -310,6 +350,47 @@ def _settle(
     now: datetime,
 ) -> list[int]:
     """Awards into placed, charged allocations; every bid's escrow released but its charge."""
+    created, charged = _awards_allocate(
+        rnd=rnd,
+        bids=bids,
+        awards=awards,
+        prices=prices,
+        limits=limits,
+        pool=pool,
+        seconds=seconds,
+        now=now,
+    )
+    won_gpus: dict[int, int] = defaultdict(int)
+    for allocation in created:
+        won_gpus[allocation.bid_id] += allocation.gpus
+    notices = []
+    for bid in bids:
+        charge = charged.get(bid.pk, 0)
+        _bid_pay(backfill, bid=bid, charge=charge, won=won_gpus.get(bid.pk))
+        if bid.pk in won_gpus:
+            notices.append(
+                _order_progress(bid, rnd=rnd, gpus=won_gpus[bid.pk], charge=charge, seconds=seconds)
+            )
+    Notification.objects.bulk_create(notices, ignore_conflicts=True)
+    backfill.gpus_won = sum(won_gpus.values())
+    backfill.revenue = sum(charged.values())
+    return [a.pk for a in created]
+
+
+def _awards_allocate(
+    *,
+    rnd: Round,
+    bids: list[Bid],
+    awards: list[list],
+    prices: dict[str, int],
+    limits: dict[tuple[int, str], int],
+    pool: dict[str, list[FreeGpu]],
+    seconds: int,
+    now: datetime,
+) -> tuple[list[Allocation], dict[int, int]]:
+    """Each award placed on one node of the pool and saved as a preemptible allocation to
+    the window's end (a gang no one node holds loses the sub-round); the allocations and
+    {bid id: milli-credits charged}."""
     by_bid = {b.pk: b for b in bids}
     free = {slug: list(gpus) for slug, gpus in pool.items()}
     tiers = {t.slug: t for t in Tier.objects.filter(slug__in=pool)}
@@ -342,54 +423,51 @@ def _settle(
             )
         )
         charged[bid_id] += charge
-    won_gpus: dict[int, int] = defaultdict(int)
-    for allocation in created:
-        won_gpus[allocation.bid_id] += allocation.gpus
-    notices = []
-    for bid in bids:
-        ledger = {
-            "tenant": bid.tenant,
-            "actor": None,
-            "reference": f"bid:{bid.pk}",
-            "campaign": bid.campaign,
-        }
-        charge = charged.get(bid.pk, 0)
-        if charge:
-            credits_charge(
-                amount=charge,
-                reason=f"backfill {backfill.pk}: bid {bid.pk} won {won_gpus[bid.pk]} GPU(s)",
-                idempotency_key=f"backfill-charge:{bid.pk}",
-                **ledger,
-            )
-        if bid.escrow - charge:
-            credits_release(
-                amount=bid.escrow - charge,
-                reason=f"backfill {backfill.pk}: what bid {bid.pk} did not spend",
-                idempotency_key=f"backfill-release:{bid.pk}",
-                **ledger,
-            )
-        bid.status = Bid.Status.WON if bid.pk in won_gpus else Bid.Status.LOST
-        bid.escrow = 0
-        bid.save(update_fields=["status", "escrow", "updated_at"])
-        if bid.pk in won_gpus:
-            Order.objects.filter(pk=bid.order_id).update(
-                gpu_seconds=F("gpu_seconds") + won_gpus[bid.pk] * seconds,
-                spent=F("spent") + charge,
-            )
-            notices.append(
-                Notification(
-                    tenant_id=bid.tenant_id,
-                    level=Notification.Level.INFO,
-                    kind="backfill_won",
-                    message=(
-                        f"Order {bid.order_id} took {won_gpus[bid.pk]} idle GPU(s) on preemptible "
-                        f"terms until {rnd.ends_at:%H:%M} UTC for {credits(charge)} credits; its "
-                        f"work gets the checkpoint signal and a grace before that GPU is needed."
-                    )[:500],
-                    dedupe_key=f"backfill-won:{bid.pk}",
-                )
-            )
-    Notification.objects.bulk_create(notices, ignore_conflicts=True)
-    backfill.gpus_won = sum(won_gpus.values())
-    backfill.revenue = sum(charged.values())
-    return [a.pk for a in created]
+    return created, charged
+
+
+def _bid_pay(backfill: Backfill, *, bid: Bid, charge: int, won: int | None) -> None:
+    """Charge the bid what it won (``won`` GPUs; None: it won nothing), release the rest of
+    its escrow, and close it as won or lost."""
+    ledger = {
+        "tenant": bid.tenant,
+        "actor": None,
+        "reference": f"bid:{bid.pk}",
+        "campaign": bid.campaign,
+    }
+    if charge:
+        credits_charge(
+            amount=charge,
+            reason=f"backfill {backfill.pk}: bid {bid.pk} won {won} GPU(s)",
+            idempotency_key=f"backfill-charge:{bid.pk}",
+            **ledger,
+        )
+    if bid.escrow - charge:
+        credits_release(
+            amount=bid.escrow - charge,
+            reason=f"backfill {backfill.pk}: what bid {bid.pk} did not spend",
+            idempotency_key=f"backfill-release:{bid.pk}",
+            **ledger,
+        )
+    bid.status = Bid.Status.LOST if won is None else Bid.Status.WON
+    bid.escrow = 0
+    bid.save(update_fields=["status", "escrow", "updated_at"])
+
+
+def _order_progress(bid: Bid, *, rnd: Round, gpus: int, charge: int, seconds: int) -> Notification:
+    """Count what the winning bid's order received and paid; the notice telling its team."""
+    Order.objects.filter(pk=bid.order_id).update(
+        gpu_seconds=F("gpu_seconds") + gpus * seconds,
+        spent=F("spent") + charge,
+    )
+    return Notification(
+        tenant_id=bid.tenant_id,
+        level=Notification.Level.INFO,
+        kind="backfill_won",
+        message=(
+            f"Order {bid.order_id} took {gpus} idle GPU(s) on preemptible "
+            f"terms until {rnd.ends_at:%H:%M} UTC for {credits(charge)} credits; its "
+            f"work gets the checkpoint signal and a grace before that GPU is needed."
+        )[:500],
+        dedupe_key=f"backfill-won:{bid.pk}",
+    )
