@@ -190,6 +190,27 @@ def _unique(names: list[str], label: str, field: str) -> None:
 
 def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
     """Parse and check a decoded JSON instance: (instance, policy name, policy params)."""
+    _check_top_level_keys(data)
+    tiers = _tiers_from_json(data)
+    tenants = _tenants_from_json(data)
+    _unique([t["name"] for t in tiers], "tiers", "name")
+    _unique([t["name"] for t in tenants], "tenants", "name")
+    tier_names = {t["name"] for t in tiers}
+    tenant_names = {t["name"] for t in tenants}
+    bids = _bids_from_json(data, tier_names, tenant_names)
+    _unique([b["id"] for b in bids], "bids", "id")
+    policy_name, params = _policy_from_json(data)
+    instance = Instance(
+        tiers=tuple(Tier(**t) for t in tiers),
+        tenants=tuple(Tenant(**t) for t in tenants),
+        bids=tuple(Bid(**b) for b in bids),
+        reserved_quotas=_reserved_quotas(data.get("reserved_quotas", {}), tenant_names, tier_names),
+    )
+    return instance, policy_name, params
+
+
+def _check_top_level_keys(data: Any) -> None:
+    """Refuse a non-object and any field the format does not know (naming the renamed one)."""
     if not isinstance(data, dict):
         raise ClearingError("instance: must be a JSON object with tiers, tenants and bids")
     for key in data:
@@ -199,21 +220,29 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
             raise ClearingError(
                 f"{key}: unknown field (known: tiers, tenants, bids, reserved_quotas, policy)"
             )
-    number = _number
-    tiers = [
+
+
+def _tiers_from_json(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each tier's checked fields, defaults filled in."""
+    return [
         _fields(
             item,
             f"tiers[{i}]",
             {
                 "name": (_MISSING, _text),
                 "capacity": (_MISSING, _capacity),
-                "reserve_price": (0.0, number),
+                "reserve_price": (0.0, _number),
                 "max_share": (1.0, _share),
             },
         )
         for i, item in enumerate(_list(data, "tiers"))
     ]
-    tenants = [
+
+
+def _tenants_from_json(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each tenant's checked fields, defaults filled in."""
+    number = _number
+    return [
         _fields(
             item,
             f"tenants[{i}]",
@@ -225,10 +254,13 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
         )
         for i, item in enumerate(_list(data, "tenants"))
     ]
-    _unique([t["name"] for t in tiers], "tiers", "name")
-    _unique([t["name"] for t in tenants], "tenants", "name")
-    tier_names = {t["name"] for t in tiers}
-    tenant_names = {t["name"] for t in tenants}
+
+
+def _bids_from_json(
+    data: dict[str, Any], tier_names: set[str], tenant_names: set[str]
+) -> list[dict[str, Any]]:
+    """Each bid's checked fields: known tenant, limits on known tiers, min_quantity <= quantity."""
+    number = _number
 
     def tenant(value: Any, where: str) -> str:
         if _text(value, where) not in tenant_names:
@@ -265,8 +297,11 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
                 f"{bid['quantity']}"
             )
         bids.append(bid)
-    _unique([b["id"] for b in bids], "bids", "id")
+    return bids
 
+
+def _policy_from_json(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The policy's name (default welfare) and its checked parameters."""
     policy = _fields(
         data.get("policy", {}),
         "policy",
@@ -275,14 +310,7 @@ def instance_from_json(data: Any) -> tuple[Instance, str, dict[str, Any]]:
             "params": ({}, _params),
         },
     )
-    params = mechanism_params(policy["name"], policy["params"])
-    instance = Instance(
-        tiers=tuple(Tier(**t) for t in tiers),
-        tenants=tuple(Tenant(**t) for t in tenants),
-        bids=tuple(Bid(**b) for b in bids),
-        reserved_quotas=_reserved_quotas(data.get("reserved_quotas", {}), tenant_names, tier_names),
-    )
-    return instance, policy["name"], params
+    return policy["name"], mechanism_params(policy["name"], policy["params"])
 
 
 def _flag(value: Any, where: str) -> bool:
