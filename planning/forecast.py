@@ -11,13 +11,19 @@ spaced; ``rounds_per_day`` rounds make a day and seven days a week. The candidat
   weekly season (ETS(A,Ad,A)); needs two weeks.
 - ``mstl``: statsmodels' MSTL, daily and weekly seasons taken out by STL, the rest forecast
   with a damped trend and the last season of each added back; needs two weeks.
+- ``combined``: the mean of the three forecasts above (each clipped at 0), an equal-weight
+  forecast combination: no fit of its own, and steadier than any one of them where they
+  are close.
 
 With less than two weeks the weekly models use a daily season (needs two days), and a
 warning says the weekly pattern cannot be seen. The backtest (``backtest_scores``) fits each
 candidate on the history up to a few origins and scores it at 1 day, 1 week and 4 weeks
 ahead: WAPE (sum of absolute errors over sum of demand) and MASE (mean absolute error over
-the in-sample mean absolute error of the seasonal-naive rule). The model with the least WAPE
-averaged over the scored horizons is chosen; a tie goes to the simpler.
+the in-sample mean absolute error of the seasonal-naive rule). A 4-week origin needs four
+weeks behind it: fitted on two or three, MSTL cannot yet see the weekly season well and its
+4-week score says little about its fit on the whole history. The model with the least WAPE
+averaged over the planning horizons (1 week and 4 weeks, those scored for every candidate;
+the 1-day score only when neither is) is chosen; a tie goes to the simpler.
 P10 and P90 are the chosen model's forecast plus the 10th and 90th percentiles of its own
 backtest errors at the same lead (up to a day, up to a week, beyond); without a backtest, of
 the seasonal-naive rule's in-sample errors. Demand is never negative: every quantile is
@@ -35,14 +41,22 @@ import numpy as np
 SEASONAL_NAIVE = "seasonal_naive"
 ETS = "ets"
 MSTL = "mstl"
-MODELS = (SEASONAL_NAIVE, ETS, MSTL)  # simplest first: ties go to the earlier
+COMBINED = "combined"
+FITTED = (SEASONAL_NAIVE, ETS, MSTL)  # the candidates fitted on their own; COMBINED averages them
+MODELS = (*FITTED, COMBINED)  # simplest first: ties go to the earlier
 LABELS = {
     SEASONAL_NAIVE: "seasonal naive",
     ETS: "ETS, damped trend",
     MSTL: "MSTL, daily + weekly",
+    COMBINED: "mean of seasonal naive, ETS and MSTL",
 }
 # Backtest horizons in days, and how many rolling origins score each (a week apart).
 HORIZON_DAYS = {"1 day": 1, "1 week": 7, "4 weeks": 28}
+# The horizons the choice is made on (plans look a week to months ahead); "1 day" is scored
+# and shown, and decides only when neither of these could be scored.
+CHOICE_HORIZONS = ("1 week", "4 weeks")
+# Days of history a 4-week backtest origin needs behind it (see the module docstring).
+LONG_FIT_DAYS = 28
 ORIGINS = 3
 QUANTILES = (0.1, 0.9)
 
@@ -156,6 +170,9 @@ def model_forecast(model: str, history: Sequence[float], *, horizon: int, day: i
     y = np.asarray(history, dtype=float)
     if not len(y):
         return np.zeros(horizon)
+    if model == COMBINED:
+        members = [np.maximum(model_forecast(m, y, horizon=horizon, day=day), 0.0) for m in FITTED]
+        return np.mean(members, axis=0)
     with warnings.catch_warnings():
         # statsmodels warns when an optimiser stops at its iteration limit; the backtest,
         # not the warning, says whether the fit is any good.
@@ -190,22 +207,31 @@ class _Errors:
 
 
 def _backtest(y: np.ndarray, *, day: int, models: Sequence[str]) -> _Errors:
-    # Every candidate is scored on the same origins: those with two weeks (or two days) behind.
+    # Every candidate is scored on the same origins: those with two weeks (or two days)
+    # behind, and four weeks for the 4-week horizon.
     least = 14 * day if len(y) >= 14 * day + day else 2 * day
     plan: dict[int, int] = {}
     origins_of: dict[str, list[int]] = {}
     for label, days in HORIZON_DAYS.items():
         rounds = days * day
-        origins_of[label] = _origins(len(y), day=day, rounds=rounds, least=least)
+        behind = max(least, LONG_FIT_DAYS * day) if days >= LONG_FIT_DAYS else least
+        origins_of[label] = _origins(len(y), day=day, rounds=rounds, least=behind)
         for o in origins_of[label]:
             plan[o] = max(plan.get(o, 0), rounds)
     runs: dict[str, dict[str, list]] = {m: {label: [] for label in HORIZON_DAYS} for m in models}
     leads: dict[str, list[tuple[int, float]]] = {m: [] for m in models}
+    fitted = [m for m in FITTED if m in models or COMBINED in models]
     for o, rounds in sorted(plan.items()):
         train, future = y[:o], y[o : o + rounds]
         scale = _mase_scale(train, day)
+        # Each fitted model once per origin; the combination is their mean, not a refit.
+        ahead = {
+            m: np.maximum(model_forecast(m, train, horizon=rounds, day=day), 0.0) for m in fitted
+        }
+        if COMBINED in models:
+            ahead[COMBINED] = np.mean([ahead[m] for m in FITTED], axis=0)
         for m in models:
-            predicted = np.maximum(model_forecast(m, train, horizon=rounds, day=day), 0.0)
+            predicted = ahead[m]
             leads[m] += list(zip(range(1, rounds + 1), (future - predicted).tolist(), strict=True))
             for label, days in HORIZON_DAYS.items():
                 if o in origins_of[label]:
@@ -245,19 +271,29 @@ def backtest_scores(
     return _scores(_backtest(y, day=rounds_per_day, models=models), rounds_per_day)
 
 
-def _choose(scores: Sequence[Score]) -> str:
-    """The candidate with the least mean WAPE over the horizons scored for every candidate
-    (more scored windows make a steadier choice than the one nearest horizon alone); a tie
-    goes to the simpler."""
-    scored = {s.horizon for s in scores if s.wape_pct is not None}
-    by_model: dict[str, list[float]] = {}
-    for s in scores:
-        if s.horizon in scored and s.wape_pct is not None:
-            by_model.setdefault(s.model, []).append(s.wape_pct)
-    complete = {m: w for m, w in by_model.items() if len(w) == len(scored)}
-    if not complete:
+def choose_model(scores: Sequence[Score]) -> str:
+    """The candidate with the least mean WAPE over the planning horizons (CHOICE_HORIZONS)
+    scored for every candidate, or over the 1-day horizon when neither is; a tie goes to the
+    simpler. The 1-day score is left out of the choice when a longer one exists: it rests on
+    three days and ranks the models by how they follow the last hours, not the weeks ahead."""
+    models = {s.model for s in scores}
+    wape: dict[tuple[str, str], float] = {
+        (s.model, s.horizon): s.wape_pct for s in scores if s.wape_pct is not None
+    }
+
+    def complete(horizons: Sequence[str]) -> list[str]:
+        return [h for h in horizons if all((m, h) in wape for m in models)]
+
+    horizons = complete(CHOICE_HORIZONS) or complete(list(HORIZON_DAYS))
+    if not models or not horizons:
         return SEASONAL_NAIVE
-    return min(complete, key=lambda m: (round(sum(complete[m]) / len(scored), 6), MODELS.index(m)))
+    return min(
+        models,
+        key=lambda m: (
+            round(sum(wape[m, h] for h in horizons) / len(horizons), 6),
+            MODELS.index(m),
+        ),
+    )
 
 
 def _bucket(lead: int, day: int) -> int:
@@ -298,12 +334,12 @@ def _warning(n: int, day: int) -> str:
         days = n / day
         return (
             f"only {days:.1f} days of history: a weekly pattern needs two weeks and the "
-            "4-week backtest six, so the forecast cannot be checked at the horizons plans use"
+            "4-week backtest eight, so the forecast cannot be checked at the horizons plans use"
         )
-    if n < 42 * day:
+    if n < 2 * LONG_FIT_DAYS * day:
         return (
-            f"{n / day:.0f} days of history: the 4-week backtest needs six weeks (two to fit, "
-            "four to score)"
+            f"{n / day:.0f} days of history: the 4-week backtest needs eight weeks (four to "
+            "fit, four to score)"
         )
     return ""
 
@@ -329,7 +365,7 @@ def demand_forecast(
         )
     errors = _backtest(y, day=day, models=MODELS)
     scores = _scores(errors, day)
-    model = _choose(scores)
+    model = choose_model(scores)
     p50 = np.maximum(model_forecast(model, y, horizon=horizon, day=day), 0.0)
     low, high = _bands(y, errors.leads[model], horizon, day)
     return DemandForecast(

@@ -7,10 +7,14 @@ import numpy as np
 import pytest
 
 from planning.forecast import (
+    COMBINED,
     ETS,
+    MODELS,
     MSTL,
     SEASONAL_NAIVE,
+    Score,
     backtest_scores,
+    choose_model,
     demand_forecast,
     model_forecast,
 )
@@ -39,7 +43,7 @@ def test_the_backtest_scores_each_origin_on_rounds_its_fit_never_saw():
     exact = {s.horizon: s for s in backtest_scores(history, rounds_per_day=DAY,
                                                    models=[SEASONAL_NAIVE])}  # fmt: skip
     assert exact["1 day"].wape_pct == 0 and exact["1 week"].wape_pct == 0
-    assert exact["1 day"].origins == 3 and "4 weeks" not in exact  # needs six weeks
+    assert exact["1 day"].origins == 3 and "4 weeks" not in exact  # needs eight weeks
     # Change only the last day: the fit from the origin a day before is the same, so the
     # 1-day error is exactly 7 GPUs in each of the last 24 rounds, over the 3 days scored.
     changed = history.copy()
@@ -66,7 +70,7 @@ def test_a_growing_tier_is_forecast_near_its_next_two_weeks():
     series = growing(14)
     history, truth = series[: 12 * WEEK], series[12 * WEEK :]
     forecast = demand_forecast(history, horizon=2 * WEEK, rounds_per_day=DAY)
-    assert forecast.model in (ETS, MSTL)  # the trend beats last week's copy
+    assert forecast.model in (ETS, MSTL, COMBINED)  # the trend beats last week's copy
     for week in (0, 1):
         span = slice(week * WEEK, (week + 1) * WEEK)
         assert sum(forecast.p50[span]) == pytest.approx(float(truth[span].sum()), rel=0.1)
@@ -86,7 +90,8 @@ def test_a_growing_tier_is_forecast_near_its_next_two_weeks():
     [
         (0, "no demand history"),
         (3 * DAY, "only 3.0 days of history: a weekly pattern needs two weeks"),
-        (20 * DAY, "the 4-week backtest needs six weeks"),
+        (20 * DAY, "the 4-week backtest needs eight weeks"),
+        (50 * DAY, "the 4-week backtest needs eight weeks (four to fit, four to score)"),
     ],
 )
 def test_short_history_gives_a_warning_not_a_silent_answer(rounds, words):
@@ -99,10 +104,61 @@ def test_short_history_gives_a_warning_not_a_silent_answer(rounds, words):
 
 def test_every_candidate_forecasts_the_horizon_asked_for():
     history = growing(3)
-    for model in (SEASONAL_NAIVE, ETS, MSTL):
+    for model in MODELS:
         ahead = model_forecast(model, history, horizon=30, day=DAY)
         assert ahead.shape == (30,) and np.all(np.isfinite(ahead))
     with pytest.raises(ValueError, match="unknown forecast model"):
         model_forecast("prophet", history, horizon=3, day=DAY)
     with pytest.raises(ValueError, match="horizon must be at least 1"):
         demand_forecast(history, horizon=0, rounds_per_day=DAY)
+
+
+def test_a_four_week_origin_has_four_weeks_of_history_behind_it():
+    # Fitted on two or three weeks, a weekly model's 4-week score says little about its fit
+    # on the whole history: 9 weeks leave two such origins (weeks 5 and 6), 7 weeks none.
+    nine = {s.horizon: s for s in backtest_scores(weekly_pattern(9), rounds_per_day=DAY,
+                                                  models=[SEASONAL_NAIVE])}  # fmt: skip
+    assert nine["4 weeks"].origins == 2 and nine["1 week"].origins == 3
+    seven = {s.horizon for s in backtest_scores(weekly_pattern(7), rounds_per_day=DAY,
+                                                models=[SEASONAL_NAIVE])}  # fmt: skip
+    assert seven == {"1 day", "1 week"}
+
+
+def test_the_combination_is_the_mean_of_the_three_fitted_forecasts():
+    history = growing(3)
+    members = [np.maximum(model_forecast(m, history, horizon=50, day=DAY), 0) for m in
+               (SEASONAL_NAIVE, ETS, MSTL)]  # fmt: skip
+    combined = model_forecast(COMBINED, history, horizon=50, day=DAY)
+    assert combined == pytest.approx(np.mean(members, axis=0))
+    # Scored like any candidate, from the same fits.
+    scores = {(s.model, s.horizon): s for s in backtest_scores(history, rounds_per_day=DAY)}
+    assert scores[COMBINED, "1 week"].origins == scores[ETS, "1 week"].origins == 1
+
+
+def _scores(table: dict[str, dict[str, float]]) -> list[Score]:
+    return [
+        Score(model=m, horizon=h, rounds=0, origins=3, wape_pct=w, mase=None)
+        for m, by_horizon in table.items()
+        for h, w in by_horizon.items()
+    ]
+
+
+def test_the_choice_is_made_at_the_horizons_plans_use():
+    # ETS follows the last hours best (1 day) but MSTL is better a week and four weeks out:
+    # a plan looks weeks ahead, so MSTL is chosen, though ETS has the least mean over all three.
+    table = {
+        SEASONAL_NAIVE: {"1 day": 30.0, "1 week": 12.0, "4 weeks": 16.0},
+        ETS: {"1 day": 5.0, "1 week": 11.0, "4 weeks": 15.0},
+        MSTL: {"1 day": 20.0, "1 week": 10.0, "4 weeks": 14.0},
+    }
+    assert choose_model(_scores(table)) == MSTL
+    # A horizon not scored for every candidate is left out; the 1 day decides only alone.
+    del table[MSTL]["4 weeks"]
+    assert choose_model(_scores(table)) == MSTL
+    for by_horizon in table.values():
+        by_horizon.pop("1 week"), by_horizon.pop("4 weeks", None)
+    assert choose_model(_scores(table)) == ETS
+    # A tie goes to the simpler; nothing scored: the seasonal-naive rule.
+    tie = {ETS: {"1 week": 9.0}, SEASONAL_NAIVE: {"1 week": 9.0}}
+    assert choose_model(_scores(tie)) == SEASONAL_NAIVE
+    assert choose_model([]) == SEASONAL_NAIVE
