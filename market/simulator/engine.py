@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from market.orders import preempted
 from market.simulator.errors import SimulationError
-from market.simulator.policies import POLICIES, Plan, Tiers, View, limit_prices
+from market.simulator.policies import POLICIES, Plan, PolicySpec, Tiers, View, limit_prices
 from market.simulator.policies.queues import DEFAULT_HALF_LIFE_HOURS
 from market.simulator.realise import Ledger, fluid_gpus, lease_rounds, place_gangs
 from market.simulator.spare import IDLE_STRETCHES, IdleStretch, play_window
@@ -364,34 +364,10 @@ def _spare_round(
 
 def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
     """Replay ``jobs`` under ``policy`` and return per-job and per-round outcomes."""
-    config.validate()
-    if policy not in POLICIES:
-        raise SimulationError(
-            f"unknown policy {policy!r}; choose from {', '.join(sorted(POLICIES))}"
-        )
-    spec = POLICIES[policy]
-    if config.backfill_minutes is not None and not spec.market:
-        raise SimulationError(
-            f"backfill sub-rounds clear with the market's mechanisms; {policy} is a baseline "
-            "(choose welfare, fisher or maxmin)"
-        )
+    spec = _policy_of(policy, config=config)
     planner = spec.make()
     tiers: Tiers = dict(config.tiers)
-    for job in jobs:
-        missing = [t for t in tiers if t not in job.throughput]
-        if missing:
-            raise SimulationError(f"job {job.id} has no throughput for tier(s) {missing}")
-        if job.tenant >= config.tenants:
-            raise SimulationError(
-                f"job {job.id} belongs to tenant {job.tenant}, but only {config.tenants} "
-                "tenants are simulated"
-            )
-    shrunk = 0
-    if config.job_model == "gang":
-        jobs, shrunk = fit_gangs(jobs, tiers)
-    spare = config.spare or any(j.utilisation is not None for j in jobs)
-    if spare and config.job_model != "gang":
-        raise SimulationError("a trace's utilisation needs the gang job model (--job-model gang)")
+    jobs, shrunk, spare = _jobs_prepared(jobs, tiers=tiers, config=config)
     round_seconds = config.round_minutes * 60.0
     weights = config.weights or tuple([1] * config.tenants)
 
@@ -423,19 +399,8 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
             break
         solve_seconds = 0.0
         if plan is None or changed or spec.every_round:
-            view = View(
-                now=start,
-                jobs=tuple(active),
-                tiers=tiers,
-                remaining=state.remaining,
-                running=state.running,
-                usage=state.usage,
-                weights=weights,
-                round_seconds=round_seconds,
-                restart_seconds=config.restart_seconds,
-                reserve=config.reserve,
-                max_share_pct=config.max_share_pct,
-                params=config.params,
+            view = _view(
+                start, active=active, tiers=tiers, state=state, weights=weights, config=config
             )
             t0 = time.perf_counter()
             new_plan = planner(view)
@@ -455,25 +420,115 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
         )
         records.append(dataclasses.replace(record, solve_seconds=solve_seconds))
         clock += 1
-        finished = [j for j in active if j.id in state.finish]
-        if finished:
-            changed = True
-            active = [j for j in active if j.id not in state.finish]
-            for job in finished:
-                ledger.forget(job.id)
+        if any(j.id in state.finish for j in active):
+            active, changed = _finished_retire(active, state=state, ledger=ledger), True
         if active and record.busy_gpu_seconds == 0:
             # Nothing ran: the same jobs would get the same GPUs next round, so only an
             # arrival can change the outcome. Jump to it, or stop if none is left.
             if next_arrival == len(order):
-                stuck = sorted(active, key=lambda j: j.id)[:5]
-                raise SimulationError(
-                    f"{len(active)} job(s) can never be served under {policy}, e.g. "
-                    + ", ".join(f"job {j.id} ({j.job_type}, {j.scale} GPUs at once)" for j in stuck)
-                    + "; offer more GPUs or check the throughputs"
-                )
+                raise _never_served(active, policy=policy)
             clock = max(clock, math.ceil(order[next_arrival].arrival / round_seconds))
 
-    outcomes = [
+    return SimResult(
+        policy=policy,
+        config=config,
+        jobs=_job_outcomes(order, state=state),
+        rounds=records,
+        wall_seconds=time.perf_counter() - started,
+        plans=plans,
+        shrunk_jobs=shrunk,
+    )
+
+
+def _jobs_prepared(
+    jobs: list[Job], *, tiers: Tiers, config: SimConfig
+) -> tuple[list[Job], int, bool]:
+    """The jobs checked and, under the gang model, fitted to the tiers; how many were shrunk
+    to fit, and whether idle GPUs are played (``spare``)."""
+    _jobs_check(jobs, tiers=tiers, config=config)
+    shrunk = 0
+    if config.job_model == "gang":
+        jobs, shrunk = fit_gangs(jobs, tiers)
+    spare = config.spare or any(j.utilisation is not None for j in jobs)
+    if spare and config.job_model != "gang":
+        raise SimulationError("a trace's utilisation needs the gang job model (--job-model gang)")
+    return jobs, shrunk, spare
+
+
+def _view(
+    start: float,
+    *,
+    active: list[Job],
+    tiers: Tiers,
+    state: _State,
+    weights: tuple[int, ...],
+    config: SimConfig,
+) -> View:
+    """What the planner sees at the round starting at ``start`` (seconds)."""
+    return View(
+        now=start,
+        jobs=tuple(active),
+        tiers=tiers,
+        remaining=state.remaining,
+        running=state.running,
+        usage=state.usage,
+        weights=weights,
+        round_seconds=config.round_minutes * 60.0,
+        restart_seconds=config.restart_seconds,
+        reserve=config.reserve,
+        max_share_pct=config.max_share_pct,
+        params=config.params,
+    )
+
+
+def _finished_retire(active: list[Job], *, state: _State, ledger: Ledger) -> list[Job]:
+    """The active jobs less those that finished, which the ledger forgets."""
+    for job in active:
+        if job.id in state.finish:
+            ledger.forget(job.id)
+    return [j for j in active if j.id not in state.finish]
+
+
+def _policy_of(policy: str, *, config: SimConfig) -> PolicySpec:
+    """The policy's spec, once the configuration is valid and fits it."""
+    config.validate()
+    if policy not in POLICIES:
+        raise SimulationError(
+            f"unknown policy {policy!r}; choose from {', '.join(sorted(POLICIES))}"
+        )
+    spec = POLICIES[policy]
+    if config.backfill_minutes is not None and not spec.market:
+        raise SimulationError(
+            f"backfill sub-rounds clear with the market's mechanisms; {policy} is a baseline "
+            "(choose welfare, fisher or maxmin)"
+        )
+    return spec
+
+
+def _jobs_check(jobs: list[Job], *, tiers: Tiers, config: SimConfig) -> None:
+    """Every job has a throughput on every tier and belongs to a simulated tenant."""
+    for job in jobs:
+        missing = [t for t in tiers if t not in job.throughput]
+        if missing:
+            raise SimulationError(f"job {job.id} has no throughput for tier(s) {missing}")
+        if job.tenant >= config.tenants:
+            raise SimulationError(
+                f"job {job.id} belongs to tenant {job.tenant}, but only {config.tenants} "
+                "tenants are simulated"
+            )
+
+
+def _never_served(active: list[Job], *, policy: str) -> SimulationError:
+    stuck = sorted(active, key=lambda j: j.id)[:5]
+    return SimulationError(
+        f"{len(active)} job(s) can never be served under {policy}, e.g. "
+        + ", ".join(f"job {j.id} ({j.job_type}, {j.scale} GPUs at once)" for j in stuck)
+        + "; offer more GPUs or check the throughputs"
+    )
+
+
+def _job_outcomes(order: list[Job], *, state: _State) -> list[JobOutcome]:
+    return [
         JobOutcome(
             job=job,
             first_run=state.first_run.get(job.id),
@@ -484,12 +539,3 @@ def simulate(jobs: list[Job], *, policy: str, config: SimConfig) -> SimResult:
         )
         for job in order
     ]
-    return SimResult(
-        policy=policy,
-        config=config,
-        jobs=outcomes,
-        rounds=records,
-        wall_seconds=time.perf_counter() - started,
-        plans=plans,
-        shrunk_jobs=shrunk,
-    )
