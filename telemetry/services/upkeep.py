@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Avg, Count, Max
+from django.db.models import Avg, Count, Max, QuerySet
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
@@ -76,72 +76,8 @@ def samples_rollup(*, now: datetime | None = None) -> RollupResult:
         .order_by("pk")
         .values("pk", "node_id", "first_at", "last_at")[:ROLLUP_BATCHES]
     )
-    minutes = 0
     with_samples = [b for b in batches if b["first_at"] is not None]
-    if with_samples:
-        start = min(b["first_at"] for b in with_samples).replace(second=0, microsecond=0)
-        end = max(b["last_at"] for b in with_samples).replace(second=0, microsecond=0)
-        gpu_ids = list(
-            Gpu.objects.filter(node_id__in={b["node_id"] for b in with_samples}).values_list(
-                "pk", flat=True
-            )
-        )
-        rows = (
-            Sample.objects.filter(
-                gpu_id__in=gpu_ids, at__gte=start, at__lt=end + timedelta(minutes=1)
-            )
-            .annotate(minute=TruncMinute("at"))
-            .values("gpu_id", "minute")
-            .annotate(
-                n=Count("id"),
-                util_avg=Avg("utilization_pct"),
-                util_max=Max("utilization_pct"),
-                mem_avg=Avg("memory_used_mib"),
-                mem_max=Max("memory_used_mib"),
-                power_avg=Avg("power_w"),
-                power_max=Max("power_w"),
-                temp_max=Max("temperature_c"),
-                energy_last=Max("energy_j"),
-            )
-            .order_by()
-        )
-        used = minutes_energy(gpu_ids=gpu_ids, start=start, end=end + timedelta(minutes=1))
-        aggregates = [
-            SampleMinute(
-                gpu_id=r["gpu_id"],
-                minute=r["minute"],
-                samples=r["n"],
-                utilization_avg=r["util_avg"],
-                utilization_max=r["util_max"],
-                memory_used_avg=r["mem_avg"],
-                memory_used_max=r["mem_max"],
-                power_avg=r["power_avg"],
-                power_max=r["power_max"],
-                temperature_max=r["temp_max"],
-                energy_j_last=r["energy_last"],
-                energy_j=used.get((r["gpu_id"], r["minute"]), 0.0),
-            )
-            for r in rows
-        ]
-        SampleMinute.objects.bulk_create(
-            aggregates,
-            batch_size=1000,
-            update_conflicts=True,
-            unique_fields=["gpu", "minute"],
-            update_fields=[
-                "samples",
-                "utilization_avg",
-                "utilization_max",
-                "memory_used_avg",
-                "memory_used_max",
-                "power_avg",
-                "power_max",
-                "temperature_max",
-                "energy_j_last",
-                "energy_j",
-            ],
-        )
-        minutes = len(aggregates)
+    minutes = _minutes_fold(with_samples) if with_samples else 0
     if batches:
         IngestBatch.objects.filter(pk__in=[b["pk"] for b in batches]).update(rolled_up=True)
     cutoff = now - timedelta(hours=settings.GPUMARKET_SAMPLE_RETENTION_HOURS)
@@ -152,4 +88,73 @@ def samples_rollup(*, now: datetime | None = None) -> RollupResult:
         minutes=minutes,
         samples_purged=samples_purged,
         batches_purged=batches_purged,
+    )
+
+
+def _minutes_fold(batches: list[dict]) -> int:
+    """Recompute every minute the ``batches`` (each with samples) touch on their nodes' GPUs
+    from all its raw samples, and upsert it; returns how many minutes were written."""
+    start = min(b["first_at"] for b in batches).replace(second=0, microsecond=0)
+    end = max(b["last_at"] for b in batches).replace(second=0, microsecond=0)
+    gpu_ids = list(
+        Gpu.objects.filter(node_id__in={b["node_id"] for b in batches}).values_list("pk", flat=True)
+    )
+    rows = _minute_aggregates(gpu_ids, start=start, end=end + timedelta(minutes=1))
+    used = minutes_energy(gpu_ids=gpu_ids, start=start, end=end + timedelta(minutes=1))
+    aggregates = [
+        SampleMinute(
+            gpu_id=r["gpu_id"],
+            minute=r["minute"],
+            samples=r["n"],
+            utilization_avg=r["util_avg"],
+            utilization_max=r["util_max"],
+            memory_used_avg=r["mem_avg"],
+            memory_used_max=r["mem_max"],
+            power_avg=r["power_avg"],
+            power_max=r["power_max"],
+            temperature_max=r["temp_max"],
+            energy_j_last=r["energy_last"],
+            energy_j=used.get((r["gpu_id"], r["minute"]), 0.0),
+        )
+        for r in rows
+    ]
+    SampleMinute.objects.bulk_create(
+        aggregates,
+        batch_size=1000,
+        update_conflicts=True,
+        unique_fields=["gpu", "minute"],
+        update_fields=[
+            "samples",
+            "utilization_avg",
+            "utilization_max",
+            "memory_used_avg",
+            "memory_used_max",
+            "power_avg",
+            "power_max",
+            "temperature_max",
+            "energy_j_last",
+            "energy_j",
+        ],
+    )
+    return len(aggregates)
+
+
+def _minute_aggregates(gpu_ids: list[int], *, start: datetime, end: datetime) -> QuerySet:
+    """Per GPU and minute in [start, end): the raw samples' count, means and maxima."""
+    return (
+        Sample.objects.filter(gpu_id__in=gpu_ids, at__gte=start, at__lt=end)
+        .annotate(minute=TruncMinute("at"))
+        .values("gpu_id", "minute")
+        .annotate(
+            n=Count("id"),
+            util_avg=Avg("utilization_pct"),
+            util_max=Max("utilization_pct"),
+            mem_avg=Avg("memory_used_mib"),
+            mem_max=Max("memory_used_mib"),
+            power_avg=Avg("power_w"),
+            power_max=Max("power_w"),
+            temp_max=Max("temperature_c"),
+            energy_last=Max("energy_j"),
+        )
+        .order_by()
     )
