@@ -9,7 +9,6 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -19,9 +18,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from core.auth import staff_or_auditor_required
 from core.confirm import confirm_page
 from core.errors import DomainError
-from tenants.access import membership_of, require_tenant, scoped
+from tenants.access import membership_of, require_tenant
 from tenants.approvals import NEEDS_APPROVAL, approval_form_url, approval_needed
-from tenants.budgets import budget_set, budget_usage, campaign_create, tenant_hard_capped
+from tenants.budgets import budget_set, budget_usage, campaign_create
 from tenants.forms import (
     BudgetForm,
     CampaignForm,
@@ -33,8 +32,23 @@ from tenants.forms import (
     TenantForm,
 )
 from tenants.ledger import balance_get, credits, credits_grant
-from tenants.models import Account, Budget, Campaign, Membership, Notification, Tenant, Transfer
-from tenants.overview import hard_cap_blocks
+from tenants.models import Budget, Tenant
+from tenants.selectors import (
+    budget_in_force,
+    budgets_active,
+    budgets_active_all,
+    campaigns_all,
+    campaigns_of,
+    campaigns_with_budgets,
+    grants_recent,
+    member_get,
+    members_of,
+    notifications_platform,
+    notifications_unread,
+    teams_blocked,
+    teams_capped,
+    tenants_all,
+)
 from tenants.services import (
     member_create,
     member_remove,
@@ -49,10 +63,6 @@ def _usages(budgets):
     return [budget_usage(budget=b, at=now) for b in budgets]
 
 
-def _active_budgets(tenant: Tenant):
-    return scoped(Budget.objects.filter(active=True), tenant=tenant).select_related("campaign")
-
-
 @require_GET
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
@@ -63,9 +73,9 @@ def dashboard(request: HttpRequest) -> HttpResponse:
                 request,
                 "tenants/staff_overview.html",
                 {
-                    "notifications": Notification.objects.filter(tenant__isnull=True)[:20],
-                    "capped": _capped_teams(),
-                    "blocked": _blocked_teams(),
+                    "notifications": notifications_platform(),
+                    "capped": teams_capped(),
+                    "blocked": teams_blocked(),
                 },
             )
         return render(request, "tenants/no_tenant.html", status=403)
@@ -76,45 +86,11 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         {
             "tenant": tenant,
             "balance": balance_get(tenant=tenant),
-            "usages": _usages(_active_budgets(tenant)),
+            "usages": _usages(budgets_active(tenant=tenant)),
             # Unread only: a notice that no longer holds (work resumed) is cleared.
-            "notifications": scoped(Notification.objects, tenant=tenant).filter(
-                read_at__isnull=True
-            )[:10],
+            "notifications": notifications_unread(tenant=tenant),
         },
     )
-
-
-def _capped_teams() -> list[tuple[Tenant, Budget]]:
-    """Teams at a hard spend cap now, with the budget that caps them (the staff overview)."""
-    ids = Budget.objects.filter(active=True, mode=Budget.Mode.HARD).values_list(
-        "tenant_id", flat=True
-    )
-    rows = []
-    for tenant in Tenant.objects.filter(pk__in=ids).order_by("name"):
-        budget = tenant_hard_capped(tenant=tenant)
-        if budget is not None:
-            rows.append((tenant, budget))
-    return rows
-
-
-def _blocked_teams() -> list[tuple[object, list[object]]]:
-    """Teams a hard cap left bids of out of the latest cleared round, each with the usage of
-    its hard budgets now (the staff overview): a cap that blocks every bid while nothing is
-    spent is as much a stop as one that is reached."""
-    now = timezone.now()
-    return [
-        (
-            block,
-            [
-                budget_usage(budget=b, at=now)
-                for b in Budget.objects.filter(
-                    tenant=block.tenant, active=True, mode=Budget.Mode.HARD
-                ).select_related("campaign")
-            ],
-        )
-        for block in hard_cap_blocks()
-    ]
 
 
 @require_POST
@@ -139,9 +115,7 @@ def _require_manager(request: HttpRequest) -> Tenant:
 
 
 def _members_page(request, tenant, *, form=None, status=200):
-    members = (
-        scoped(Membership.objects, tenant=tenant).select_related("user").order_by("user__username")
-    )
+    members = members_of(tenant=tenant)
     # No ids on the per-row forms: every row would repeat id_username.
     rows = [
         (m, RoleForm(initial={"username": m.user.username, "role": m.role}, auto_id=False))
@@ -205,7 +179,7 @@ def team_member_role(request: HttpRequest) -> HttpResponse:
         return redirect("team_members")
     username, role = form.cleaned_data["username"], form.cleaned_data["role"]
     if not form.cleaned_data["confirm"]:
-        current = scoped(Membership.objects, tenant=tenant).filter(user__username=username).first()
+        current = member_get(tenant=tenant, username=username)
         if current is None:
             messages.error(request, f"{username} is not a member of {tenant.name}.")
             return redirect("team_members")
@@ -254,19 +228,16 @@ def team_member_remove(request: HttpRequest) -> HttpResponse:
 
 
 def _campaigns_page(request, tenant, *, campaign_form=None, budget_form=None, status=200):
-    campaigns = scoped(Campaign.objects, tenant=tenant).prefetch_related(
-        Prefetch("budgets", queryset=Budget.objects.filter(active=True))
-    )
+    campaigns = campaigns_with_budgets(tenant=tenant)
     return render(
         request,
         "tenants/team_campaigns.html",
         {
             "tenant": tenant,
             "campaigns": campaigns,
-            "usages": _usages(_active_budgets(tenant)),
+            "usages": _usages(budgets_active(tenant=tenant)),
             "campaign_form": campaign_form or CampaignForm(),
-            "budget_form": budget_form
-            or BudgetForm(campaigns=scoped(Campaign.objects, tenant=tenant)),
+            "budget_form": budget_form or BudgetForm(campaigns=campaigns_of(tenant=tenant)),
         },
         status=status,
     )
@@ -306,7 +277,7 @@ def _budget_set_from(form, *, tenant: Tenant, actor) -> Budget:
 @login_required
 def team_budget_set(request: HttpRequest) -> HttpResponse:
     tenant = _require_manager(request)
-    form = BudgetForm(request.POST, campaigns=scoped(Campaign.objects, tenant=tenant))
+    form = BudgetForm(request.POST, campaigns=campaigns_of(tenant=tenant))
     if form.is_valid():
         try:
             budget = _budget_set_from(form, tenant=tenant, actor=request.user)
@@ -324,13 +295,10 @@ def team_budget_set(request: HttpRequest) -> HttpResponse:
 
 
 def _tenants_page(request, *, form=None, status=200):
-    tenants = Tenant.objects.prefetch_related(
-        Prefetch("accounts", queryset=Account.objects.order_by("kind")), "memberships__user"
-    )
     return render(
         request,
         "tenants/staff_tenants.html",
-        {"tenants": tenants, "form": form or TenantForm()},
+        {"tenants": tenants_all(), "form": form or TenantForm()},
         status=status,
     )
 
@@ -353,14 +321,11 @@ def staff_tenants(request: HttpRequest) -> HttpResponse:
 
 
 def _credits_page(request, *, form=None, status=200):
-    grants = Transfer.objects.filter(kind=Transfer.Kind.GRANT).select_related("tenant", "actor")[
-        :50
-    ]
     return render(
         request,
         "tenants/staff_credits.html",
         {
-            "grants": grants,
+            "grants": grants_recent(),
             "form": form or GrantForm(initial={"tenant": request.GET.get("tenant")}),
         },
         status=status,
@@ -403,13 +368,12 @@ def staff_credits(request: HttpRequest) -> HttpResponse:
 
 
 def _budgets_page(request, *, form=None, status=200):
-    budgets = Budget.objects.filter(active=True).select_related("tenant", "campaign")
     return render(
         request,
         "tenants/staff_budgets.html",
         {
-            "usages": _usages(budgets),
-            "form": form or StaffBudgetForm(campaigns=Campaign.objects.select_related("tenant")),
+            "usages": _usages(budgets_active_all()),
+            "form": form or StaffBudgetForm(campaigns=campaigns_all()),
         },
         status=status,
     )
@@ -417,9 +381,9 @@ def _budgets_page(request, *, form=None, status=200):
 
 def _budget_raise(data: dict) -> int:
     """How far a staff budget form raises the cap in force (0 for a new budget or a cut)."""
-    current = Budget.objects.filter(
-        tenant=data["tenant"], window=data["window"], campaign=data.get("campaign"), active=True
-    ).first()
+    current = budget_in_force(
+        tenant=data["tenant"], window=data["window"], campaign=data.get("campaign")
+    )
     return max(0, data["cap"] - current.cap) if current is not None else 0
 
 
@@ -428,7 +392,7 @@ def _budget_raise(data: dict) -> int:
 def staff_budgets(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return _budgets_page(request)
-    form = StaffBudgetForm(request.POST, campaigns=Campaign.objects.select_related("tenant"))
+    form = StaffBudgetForm(request.POST, campaigns=campaigns_all())
     if form.is_valid():
         data = form.cleaned_data
         if approval_needed("budget_raise", raise_by=_budget_raise(data)):
