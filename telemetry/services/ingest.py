@@ -65,9 +65,41 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
     node = Node.objects.select_for_update().select_related("tier").get(pk=node.pk)
     if node.revoked_at is not None:
         raise _unauthorised(f"the token of node {node.name!r} was revoked")
-    # In one query: the GPUs the batch names (wherever registered) and the node's own, with
-    # their tiers' power caps for the answer.
     reported = {g.uuid for g in report.gpus}
+    rows, known = _gpus_read(node=node, report=report, reported=reported)
+    duplicate = _batch_claim(node=node, report=report, now=now)
+    tiers_changed: set[int] = set()
+    if not duplicate:
+        missing = [g for g in rows if g.node_id == node.pk and g.uuid not in reported]
+        gpus, tiers_changed = _gpus_update(
+            node=node, report=report, known=known, missing=missing, now=now
+        )
+        _samples_store(report=report, gpus=gpus)
+        fresh = _processes_store(node=node, report=report, gpus=gpus, now=now)
+        _gpus_seen(known=known, fresh=fresh, now=now)
+
+    tiers_changed |= _node_seen(node=node, report=report, duplicate=duplicate, now=now)
+    if tiers_changed:
+        tier_capacity_refresh(tiers=tiers_changed)
+    if report.health and not duplicate:
+        gpus_health_apply(node=node, health=report.health, now=now)
+    _outcomes_record(node=node, report=report, now=now)
+    return IngestResult(
+        stored=0 if duplicate else len(report.samples),
+        duplicate=duplicate,
+        directives=_directives_deliver(node=node, now=now),
+        refused=report.refused,
+        power_caps={g.uuid: g.power_cap_w for g in rows if g.node_id == node.pk}
+        | {g.uuid: node.tier.power_cap_w for g in report.gpus if g.uuid not in known},
+    )
+
+
+def _gpus_read(
+    *, node: Node, report: BatchReport, reported: set[str]
+) -> tuple[list[Gpu], dict[str, Gpu]]:
+    """In one query: the GPUs the batch names (wherever registered) and the node's own, with
+    their tiers' power caps for the answer; and the named ones by uuid. A GPU registered to
+    another node is refused (403)."""
     rows = list(
         Gpu.objects.filter(Q(uuid__in=reported) | Q(node=node)).annotate(
             power_cap_w=F("tier__power_cap_w")
@@ -85,6 +117,12 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
         raise TelemetryError(
             f"batch refused: {next(iter(foreign.values()))[0]}", errors=foreign, status=403
         )
+    return rows, known
+
+
+def _batch_claim(*, node: Node, report: BatchReport, now: datetime) -> bool:
+    """Record the batch; True when this node sent it before (a retry: nothing is stored
+    again). A batch id another node used is refused (409)."""
     duplicate = not _batch_record(node=node, report=report, now=now)
     if duplicate:
         owner = (
@@ -95,18 +133,12 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
         if owner != node.pk:
             message = "is already used by another node's batch; use a fresh UUID per batch"
             raise TelemetryError(f"batch_id {message}", errors={"batch_id": [message]}, status=409)
+    return duplicate
 
-    tiers_changed: set[int] = set()
-    if not duplicate:
-        missing = [g for g in rows if g.node_id == node.pk and g.uuid not in reported]
-        gpus, tiers_changed = _gpus_update(
-            node=node, report=report, known=known, missing=missing, now=now
-        )
-        _samples_store(report=report, gpus=gpus)
-        fresh = _processes_store(node=node, report=report, gpus=gpus, now=now)
-        _gpus_seen(known=known, fresh=fresh, now=now)
 
-    was_healthy = node.healthy
+def _node_seen(*, node: Node, report: BatchReport, duplicate: bool, now: datetime) -> set[int]:
+    """Mark the node seen and healthy with what the agent says of itself and the fields it
+    refused; a node that comes back is audited and returns the tiers whose supply changed."""
     refusal: dict[str, object] = {}
     if report.refused and not duplicate:
         name, messages = next(iter(report.refused.items()))
@@ -124,28 +156,17 @@ def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
         agent_version=report.agent_version,
         **refusal,
     )
-    if not was_healthy:
-        audit.record(
-            actor=f"node:{node.name}",
-            action="node.healthy",
-            target=node,
-            after={"backend": report.backend, "gpus": len(report.gpus)},
-        )
-        tiers_changed |= set(Gpu.objects.filter(node=node).values_list("tier_id", flat=True))
-        tiers_changed.add(node.tier_id)
-    if tiers_changed:
-        tier_capacity_refresh(tiers=tiers_changed)
-    if report.health and not duplicate:
-        gpus_health_apply(node=node, health=report.health, now=now)
-    _outcomes_record(node=node, report=report, now=now)
-    return IngestResult(
-        stored=0 if duplicate else len(report.samples),
-        duplicate=duplicate,
-        directives=_directives_deliver(node=node, now=now),
-        refused=report.refused,
-        power_caps={g.uuid: g.power_cap_w for g in rows if g.node_id == node.pk}
-        | {g.uuid: node.tier.power_cap_w for g in report.gpus if g.uuid not in known},
+    if node.healthy:
+        return set()
+    audit.record(
+        actor=f"node:{node.name}",
+        action="node.healthy",
+        target=node,
+        after={"backend": report.backend, "gpus": len(report.gpus)},
     )
+    tiers = set(Gpu.objects.filter(node=node).values_list("tier_id", flat=True))
+    tiers.add(node.tier_id)
+    return tiers
 
 
 def _batch_record(*, node: Node, report: BatchReport, now: datetime) -> bool:
