@@ -385,138 +385,173 @@ def _samples_parse(
     refused: dict[str, list[str]],
     health: dict[str, tuple[datetime, GpuHealth]] | None = None,
 ) -> tuple[list[SampleRow], dict[str, tuple[datetime, tuple[ProcessReport, ...]]]]:
-    if type(raw) is not list:
-        errors.add("samples", f"must be a list, got {_describe(raw)}")
+    if not _samples_sized(errors, raw, max_samples=max_samples):
         return [], {}
-    if len(raw) > max_samples:
-        errors.add(
-            "samples",
-            f"has {len(raw)} samples; a batch may carry at most {max_samples} (send smaller batches)",
-        )
-        raise errors.refusal(status=413)
     rows: list[SampleRow] = []
     latest: dict[str, tuple[datetime, tuple[ProcessReport, ...]]] = {}
     reported: set[tuple[str, datetime]] = set()
     add = errors.add
     parse_time = clock.parse
     for i, s in enumerate(raw):
-        if type(s) is dict:
-            # The common case first: a sample with every reading right and no processes,
-            # unreported work or health reading is checked here in one expression and stored;
-            # anything else goes through the checks below, which name each problem.
-            gpu = s.get("gpu")
-            at = parse_time(s.get("at"))
-            used = s.get("memory_used_mib")
-            total = s.get("memory_total_mib")
-            util = s.get("utilization_pct")
-            power = s.get("power_w")
-            temperature = s.get("temperature_c")
-            energy = s.get("energy_j")
-            listed = s.get("processes")
-            if (
-                type(at) is datetime
-                and type(gpu) is str
-                and gpu in gpu_uuids
-                and type(total) is int
-                and 1 <= total <= MEMORY_MAX_MIB
-                and type(used) is int
-                and 0 <= used <= total
-                and (type(util) is float or type(util) is int)
-                and 0 <= util <= 100
-                and (type(power) is float or type(power) is int)
-                and 0 <= power <= POWER_MAX_W
-                and (type(temperature) is float or type(temperature) is int)
-                and TEMPERATURE_MIN_C <= temperature <= TEMPERATURE_MAX_C
-                and (type(energy) is float or type(energy) is int)
-                and 0 <= energy <= ENERGY_MAX_J
-                and (listed is None or (type(listed) is list and not listed))
-                and s.get("unreported") is None
-                and s.get("health") is None
-                and (gpu, at) not in reported
-            ):
-                reported.add((gpu, at))
-                rows.append((gpu, at, util, used, total, power, temperature, energy))
-                previous = latest.get(gpu)
-                if previous is None or at >= previous[0]:
-                    latest[gpu] = (at, ())
-                continue
-        else:
+        if type(s) is not dict:
             add(f"samples[{i}]", f"must be an object, got {_describe(s)}")
             continue
-        ok = True
+        # The common case first: a sample with every reading right and no processes,
+        # unreported work or health reading is checked here in one expression and stored;
+        # anything else goes through the checks below, which name each problem.
         gpu = s.get("gpu")
-        if not _one_of(gpu, gpu_uuids):
-            ok = False
-            add(
-                f"samples[{i}].gpu",
-                f"unknown GPU {_describe(gpu)}: a sample's gpu must be the uuid of a GPU in this batch's gpus list",
-            )
-        at = clock.parse(s.get("at"))
-        if type(at) is str:
-            ok = False
-            add(f"samples[{i}].at", at)
+        at = parse_time(s.get("at"))
         used = s.get("memory_used_mib")
         total = s.get("memory_total_mib")
-        if type(total) is not int or not 1 <= total <= MEMORY_MAX_MIB:
-            ok = False
-            add(
-                f"samples[{i}].memory_total_mib",
-                f"must be a whole number of MiB, 1..{MEMORY_MAX_MIB}, got {_describe(total)}",
-            )
-        elif type(used) is not int or not 0 <= used <= total:
-            ok = False
-            add(
-                f"samples[{i}].memory_used_mib",
-                f"must be a whole number of MiB between 0 and memory_total_mib ({total}), got {_describe(used)}",
-            )
-        util, power, temperature, energy = (s.get(name) for name, *_ in _RANGED_FIELDS)
-        for (name, low, high, what), value in zip(
-            _RANGED_FIELDS, (util, power, temperature, energy), strict=True
+        util = s.get("utilization_pct")
+        power = s.get("power_w")
+        temperature = s.get("temperature_c")
+        energy = s.get("energy_j")
+        listed = s.get("processes")
+        if (
+            type(at) is datetime
+            and type(gpu) is str
+            and gpu in gpu_uuids
+            and type(total) is int
+            and 1 <= total <= MEMORY_MAX_MIB
+            and type(used) is int
+            and 0 <= used <= total
+            and (type(util) is float or type(util) is int)
+            and 0 <= util <= 100
+            and (type(power) is float or type(power) is int)
+            and 0 <= power <= POWER_MAX_W
+            and (type(temperature) is float or type(temperature) is int)
+            and TEMPERATURE_MIN_C <= temperature <= TEMPERATURE_MAX_C
+            and (type(energy) is float or type(energy) is int)
+            and 0 <= energy <= ENERGY_MAX_J
+            and (listed is None or (type(listed) is list and not listed))
+            and s.get("unreported") is None
+            and s.get("health") is None
+            and (gpu, at) not in reported
         ):
-            if type(value) not in _NUMBER or not low <= value <= high:
-                ok = False
-                add(f"samples[{i}].{name}", f"must be {what}, got {_describe(value)}")
-        processes_raw = s.get("processes")
-        processes: tuple[ProcessReport, ...] = ()
-        extra: list[Any] = []
-        if processes_raw is not None and processes_raw != []:
-            processes, extra = _processes_parse(
-                errors, processes_raw, f"samples[{i}].processes", refused
-            )
-        unreported = _unreported_parse(
-            errors, s.get("unreported"), f"samples[{i}].unreported", listed=processes, extra=extra
+            reported.add((gpu, at))
+            rows.append((gpu, at, util, used, total, power, temperature, energy))
+            previous = latest.get(gpu)
+            if previous is None or at >= previous[0]:
+                latest[gpu] = (at, ())
+            continue
+        checked = _sample_check(
+            errors, s, f"samples[{i}]", clock=clock, gpu_uuids=gpu_uuids, refused=refused
         )
-        if unreported is not None:
-            processes = (*processes, unreported)
-        reading = _health_parse(s.get("health"), f"samples[{i}].health", refused)
-        if not ok:
+        if checked is None:
             continue
-        # The same GPU twice at one instant: two readings of one counter that cannot both be
-        # right, and the energy between them would be counted from whichever came first.
+        row, processes, reading = checked
+        gpu, at = row[0], row[1]
         if (gpu, at) in reported:
-            add(
-                f"samples[{i}].at",
-                f"GPU {gpu} is reported twice at {s['at']} in this batch; one sample per GPU "
-                "per reading",
-            )
+            add(f"samples[{i}].at", _reported_twice(gpu, s["at"]))
             continue
-        reported.add((gpu, at))  # type: ignore[arg-type]
+        reported.add((gpu, at))
         if reading is not None and health is not None:
-            # The latest reading, unless an earlier one in the batch reported an error.
-            kept = health.get(gpu)  # type: ignore[arg-type]
-            if (
-                kept is None
-                or (at >= kept[0] and not _fatal(kept[1]))
-                or (  # type: ignore[operator]
-                    _fatal(reading) and not _fatal(kept[1])
-                )
-            ):
-                health[gpu] = (at, reading)  # type: ignore[index]
-        rows.append((gpu, at, util, used, total, power, temperature, energy))  # type: ignore[arg-type]
+            _health_keep(health, gpu=gpu, at=at, reading=reading)
+        rows.append(row)
         previous = latest.get(gpu)
-        if previous is None or at >= previous[0]:  # type: ignore[operator]
-            latest[gpu] = (at, processes)  # type: ignore[assignment]
+        if previous is None or at >= previous[0]:
+            latest[gpu] = (at, processes)
     return rows, latest
+
+
+def _reported_twice(gpu: str, at: Any) -> str:
+    # The same GPU twice at one instant: two readings of one counter that cannot both be
+    # right, and the energy between them would be counted from whichever came first.
+    return f"GPU {gpu} is reported twice at {at} in this batch; one sample per GPU per reading"
+
+
+def _samples_sized(errors: _Errors, raw: Any, *, max_samples: int) -> bool:
+    """Whether ``samples`` is a list to read; more than ``max_samples`` refuses the batch
+    (413)."""
+    if type(raw) is not list:
+        errors.add("samples", f"must be a list, got {_describe(raw)}")
+        return False
+    if len(raw) > max_samples:
+        errors.add(
+            "samples",
+            f"has {len(raw)} samples; a batch may carry at most {max_samples} (send smaller batches)",
+        )
+        raise errors.refusal(status=413)
+    return True
+
+
+def _sample_check(
+    errors: _Errors,
+    s: dict[str, Any],
+    where: str,
+    *,
+    clock: _Clock,
+    gpu_uuids: set[str],
+    refused: dict[str, list[str]],
+) -> tuple[SampleRow, tuple[ProcessReport, ...], GpuHealth | None] | None:
+    """One sample the fast path did not take, every field checked and each problem named
+    (``where``: its place in the batch); its row, processes and health reading, or None
+    when a reading is wrong. A wrong process or health entry is dropped and noted in
+    ``refused``."""
+    add = errors.add
+    ok = True
+    gpu = s.get("gpu")
+    if not _one_of(gpu, gpu_uuids):
+        ok = False
+        add(
+            f"{where}.gpu",
+            f"unknown GPU {_describe(gpu)}: a sample's gpu must be the uuid of a GPU in this batch's gpus list",
+        )
+    at = clock.parse(s.get("at"))
+    if type(at) is str:
+        ok = False
+        add(f"{where}.at", at)
+    used = s.get("memory_used_mib")
+    total = s.get("memory_total_mib")
+    if type(total) is not int or not 1 <= total <= MEMORY_MAX_MIB:
+        ok = False
+        add(
+            f"{where}.memory_total_mib",
+            f"must be a whole number of MiB, 1..{MEMORY_MAX_MIB}, got {_describe(total)}",
+        )
+    elif type(used) is not int or not 0 <= used <= total:
+        ok = False
+        add(
+            f"{where}.memory_used_mib",
+            f"must be a whole number of MiB between 0 and memory_total_mib ({total}), got {_describe(used)}",
+        )
+    util, power, temperature, energy = (s.get(name) for name, *_ in _RANGED_FIELDS)
+    for (name, low, high, what), value in zip(
+        _RANGED_FIELDS, (util, power, temperature, energy), strict=True
+    ):
+        if type(value) not in _NUMBER or not low <= value <= high:
+            ok = False
+            add(f"{where}.{name}", f"must be {what}, got {_describe(value)}")
+    processes_raw = s.get("processes")
+    processes: tuple[ProcessReport, ...] = ()
+    extra: list[Any] = []
+    if processes_raw is not None and processes_raw != []:
+        processes, extra = _processes_parse(errors, processes_raw, f"{where}.processes", refused)
+    unreported = _unreported_parse(
+        errors, s.get("unreported"), f"{where}.unreported", listed=processes, extra=extra
+    )
+    if unreported is not None:
+        processes = (*processes, unreported)
+    reading = _health_parse(s.get("health"), f"{where}.health", refused)
+    if not ok:
+        return None
+    row = (gpu, at, util, used, total, power, temperature, energy)
+    return row, processes, reading  # type: ignore[return-value]
+
+
+def _health_keep(
+    health: dict[str, tuple[datetime, GpuHealth]], *, gpu: str, at: datetime, reading: GpuHealth
+) -> None:
+    """Keep the GPU's latest health reading, unless an earlier one in the batch reported an
+    error (an error is kept over a later clean reading)."""
+    kept = health.get(gpu)
+    if (
+        kept is None
+        or (at >= kept[0] and not _fatal(kept[1]))
+        or (_fatal(reading) and not _fatal(kept[1]))
+    ):
+        health[gpu] = (at, reading)
 
 
 def _results_parse(errors: _Errors, raw: Any) -> tuple[DirectiveOutcome, ...]:
