@@ -32,7 +32,7 @@ from market.selectors import (
 from market.services.tiers import tier_create, tier_update
 from market.views import supply_demand_charts
 from tenants.approvals import NEEDS_APPROVAL, approval_form_url, approval_needed
-from tenants.models import Tenant
+from tenants.selectors import tenant_names
 
 
 def _tiers_page(request, *, create_form=None, forms_by_pk=None, status=200):
@@ -116,7 +116,7 @@ def staff_rounds(request: HttpRequest) -> HttpResponse:
 
 def _team_names(shadow: dict | None) -> dict[int, str]:
     ids = [int(pk) for pk in (shadow or {}).get("gpus_by_tenant") or {}]
-    return dict(Tenant.objects.filter(pk__in=ids).values_list("pk", "name"))
+    return tenant_names(ids=ids)
 
 
 @require_GET

@@ -114,3 +114,8 @@ def grants_recent(*, limit: int = 50) -> QuerySet[Transfer]:
     return Transfer.objects.filter(kind=Transfer.Kind.GRANT).select_related("tenant", "actor")[
         :limit
     ]
+
+
+def tenant_names(*, ids: list[int]) -> dict[int, str]:
+    """{tenant id: name} for the tenants among ``ids`` (the ids a round's record names)."""
+    return dict(Tenant.objects.filter(pk__in=ids).values_list("pk", "name"))

@@ -11,6 +11,7 @@ from statistics import mean
 from typing import Any
 
 from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
 
 from market.diagnostics import JAIN, diagnostic
 from market.models import Allocation, PolicyVersion, Round
@@ -21,6 +22,22 @@ REPLAYABLE = (Round.Status.SETTLED, Round.Status.FINISHED, Round.Status.VOIDED)
 
 def versions_list() -> list[PolicyVersion]:
     return list(PolicyVersion.objects.select_related("parent", "created_by").order_by("-number"))
+
+
+def version_get(*, number: int) -> PolicyVersion:
+    """The policy version numbered ``number``, with its parent, or Http404."""
+    return get_object_or_404(PolicyVersion.objects.select_related("parent"), number=number)
+
+
+def versions_children(*, version: PolicyVersion) -> QuerySet[PolicyVersion]:
+    """The versions drafted from ``version``, oldest first."""
+    return PolicyVersion.objects.filter(parent=version).order_by("number")
+
+
+def round_allocations_to_revoke(*, rnd: Round) -> QuerySet[Allocation]:
+    """The round's allocations with their team and tier, in the order they were made (what
+    voiding the round revokes)."""
+    return rnd.allocations.select_related("tenant", "tier").order_by("pk")
 
 
 def policy_alerts(*, limit: int = 10) -> QuerySet[Notification]:

@@ -17,13 +17,20 @@ from django.views.decorators.http import require_POST
 from core.auth import staff_or_auditor_required, staff_required
 from core.confirm import confirm_page, confirmed
 from core.errors import DomainError
-from market.models import PolicyVersion, Round, Tier
+from market.models import PolicyVersion, Round
 from market.policy import charts as policy_charts
 from market.policy.forms import PolicyVersionForm, ReplayForm, VoidForm
 from market.policy.guardrails import GUARDRAIL_FIELDS
 from market.policy.replay import rounds_replay
-from market.policy.selectors import policy_alerts, shadow_comparison, versions_list
-from market.selectors import policy_active_get, rounds_recent
+from market.policy.selectors import (
+    policy_alerts,
+    round_allocations_to_revoke,
+    shadow_comparison,
+    version_get,
+    versions_children,
+    versions_list,
+)
+from market.selectors import policy_active_get, rounds_recent, tiers_all
 from market.services.policy import (
     DEFAULT_ROUND_MINUTES,
     policy_activate,
@@ -34,14 +41,6 @@ from market.services.policy import (
 from market.services.void import round_void
 from tenants.approvals import NEEDS_APPROVAL, approval_form_url, approval_needed
 from tenants.ledger import credits
-
-
-def _version(number: int) -> PolicyVersion:
-    return get_object_or_404(PolicyVersion.objects.select_related("parent"), number=number)
-
-
-def _tiers() -> list[Tier]:
-    return list(Tier.objects.order_by("slug"))
 
 
 @staff_or_auditor_required
@@ -69,8 +68,8 @@ def _guardrail_value(name: str, value: object) -> str:
 
 @staff_or_auditor_required
 def policy_detail(request: HttpRequest, number: int) -> HttpResponse:
-    version = _version(number)
-    tiers = _tiers()
+    version = version_get(number=number)
+    tiers = list(tiers_all())
     settings_rows = [(t, version.reserve_for(t.slug), version.max_share_for(t.slug)) for t in tiers]
     guardrails = [
         (_guardrail_label(name), _guardrail_value(name, version.guardrails[name]))
@@ -85,7 +84,7 @@ def policy_detail(request: HttpRequest, number: int) -> HttpResponse:
             "tier_rows": settings_rows,
             "guardrails": guardrails,
             "replay_form": ReplayForm(),
-            "children": PolicyVersion.objects.filter(parent=version).order_by("number"),
+            "children": versions_children(version=version),
         },
     )
 
@@ -94,7 +93,7 @@ def policy_detail(request: HttpRequest, number: int) -> HttpResponse:
 def policy_edit(request: HttpRequest, number: int | None = None) -> HttpResponse:
     """Edit = make a new draft version based on ``number`` (or the active version)."""
     if number is not None:
-        base = _version(number)
+        base = version_get(number=number)
     elif request.method == "POST":
         try:
             base = policy_active()  # saving on a fresh platform makes the default v1 first
@@ -103,7 +102,7 @@ def policy_edit(request: HttpRequest, number: int | None = None) -> HttpResponse
             return redirect("policy_list")
     else:
         base = policy_active_get()  # a GET never writes; without a version, the defaults
-    tiers = _tiers()
+    tiers = list(tiers_all())
     # Without any version the form starts from the default v1's settings (not saved).
     shown = base or PolicyVersion(
         mechanism=PolicyVersion.Mechanism.WELFARE, round_minutes=DEFAULT_ROUND_MINUTES
@@ -131,7 +130,7 @@ def _version_action(
     done: str,
 ) -> HttpResponse:
     """Run ``service(version=, actor=)`` on version ``number``; ``done`` follows "v<number> "."""
-    version = _version(number)
+    version = version_get(number=number)
     try:
         service(version=version, actor=request.user)
     except DomainError as exc:
@@ -146,9 +145,11 @@ def _version_action(
 def policy_activate_view(request: HttpRequest, number: int) -> HttpResponse:
     if approval_needed("policy_activate"):
         messages.info(request, NEEDS_APPROVAL)
-        return redirect(approval_form_url("policy_activate", version=_version(number).number))
+        return redirect(
+            approval_form_url("policy_activate", version=version_get(number=number).number)
+        )
     if not confirmed(request):
-        version = _version(number)
+        version = version_get(number=number)
         return confirm_page(
             request,
             title=f"Activate policy v{version.number}",
@@ -207,7 +208,7 @@ def shadow_compare(request: HttpRequest) -> HttpResponse:
 
 @staff_required
 def policy_replay(request: HttpRequest, number: int) -> HttpResponse:
-    version = _version(number)
+    version = version_get(number=number)
     form = ReplayForm(request.GET or None)
     rows = totals = None
     charts: list[str] = []
@@ -254,7 +255,7 @@ def round_void_view(request: HttpRequest, pk: int) -> HttpResponse:
                 "stops the work with the normal grace period.",
             )
             return redirect("policy_list")
-    allocations = rnd.allocations.select_related("tenant", "tier").order_by("pk")
+    allocations = round_allocations_to_revoke(rnd=rnd)
     return render(
         request, "market/policy/void.html", {"round": rnd, "form": form, "allocations": allocations}
     )
