@@ -125,6 +125,39 @@ def allocations_gpus_failed(
     failed = sorted(set(uuids))
     if not failed:
         return []
+    candidates, reclaimed = _allocations_on(uuids, failed=failed, failed_at=failed_at, now=now)
+    outcomes = []
+    for allocation in (
+        Allocation.objects.select_for_update(of=("self",))
+        .filter(pk__in=candidates, status__in=LIVE)
+        .select_related("tier", "bid__campaign", "tenant")
+        .order_by("pk")
+    ):
+        mine = sorted(
+            g["uuid"]
+            for g in allocation.placement
+            if g["uuid"] in uuids and (allocation.pk, g["uuid"]) not in reclaimed
+        )
+        if mine:
+            outcomes.append(
+                _allocation_fail(
+                    allocation,
+                    mine=mine,
+                    failed_at=failed_at,
+                    reason=reason,
+                    actor=actor,
+                    now=now,
+                    replace=replace,
+                )
+            )
+    return outcomes
+
+
+def _allocations_on(
+    uuids: set[str], *, failed: list[str], failed_at: datetime, now: datetime
+) -> tuple[list[int], set[tuple[int, str]]]:
+    """The live allocations placed on any of ``uuids`` (ids), and the (allocation, GPU) pairs
+    among them that were reclaimed."""
     candidates = [
         pk
         for pk, placement in Allocation.objects.filter(
@@ -139,67 +172,71 @@ def allocations_gpus_failed(
             allocation_id__in=candidates, status=Reclaim.Status.RECLAIMED, gpu_uuid__in=failed
         ).values_list("allocation_id", "gpu_uuid")
     )
-    outcomes = []
-    for allocation in (
-        Allocation.objects.select_for_update(of=("self",))
-        .filter(pk__in=candidates, status__in=LIVE)
-        .select_related("tier", "bid__campaign", "tenant")
-        .order_by("pk")
-    ):
-        mine = sorted(
-            g["uuid"]
-            for g in allocation.placement
-            if g["uuid"] in uuids and (allocation.pk, g["uuid"]) not in reclaimed
-        )
-        if not mine:
-            continue
-        placed = _replacement(allocation, now=now) if replace else None
-        before = {"placement": allocation.placement, "status": allocation.status}
-        # The work could not run from the failure until it is moved (now) or, unmoved, to
-        # the window's end.
-        lost_from = max(failed_at, allocation.starts_at)
-        lost_until = max(min(now if placed else allocation.ends_at, allocation.ends_at), lost_from)
-        amount = failure_refund(
-            charge=allocation.charge,
-            lost=(lost_until - lost_from) // _MICROSECOND,
-            window=(allocation.ends_at - allocation.starts_at) // _MICROSECOND,
-            room=allocation.charge - allocation.cap_refund - _refunded_before(allocation),
-        )
-        key = _key(allocation, mine, failed_at)
-        if amount:
-            credits_refund(
-                tenant=allocation.tenant,
-                amount=amount,
-                actor=None,
-                reason=f"allocation {allocation.pk} could not run: {reason}"[:300],
-                reference=f"allocation:{allocation.pk}",
-                campaign=allocation.bid.campaign,
-                idempotency_key=key,
-            )
-        if placed:
-            allocation.placement = as_json(placed)
-            allocation.launch_secret = secrets.token_hex(32)
-            allocation.save(update_fields=["placement", "launch_secret"])
-        else:
-            allocation.status = Allocation.Status.REVOKED
-            allocation.save(update_fields=["status"])
-        audit.record(
-            actor=actor,
-            action="allocation.gpu_failure",
-            target=allocation,
+    return candidates, reclaimed
+
+
+def _allocation_fail(
+    allocation: Allocation,
+    *,
+    mine: list[str],
+    failed_at: datetime,
+    reason: str,
+    actor: AbstractBaseUser | str | None,
+    now: datetime,
+    replace: bool,
+) -> FailureOutcome:
+    """One allocation that lost GPUs ``mine``: moved to other GPUs if ``replace`` finds
+    them, else revoked; refunded for the time it could not run; audited and told."""
+    placed = _replacement(allocation, now=now) if replace else None
+    before = {"placement": allocation.placement, "status": allocation.status}
+    amount = _lost_time_refund(allocation, failed_at=failed_at, now=now, moved=bool(placed))
+    key = _key(allocation, mine, failed_at)
+    if amount:
+        credits_refund(
             tenant=allocation.tenant,
-            before=before,
-            after={
-                "placement": allocation.placement,
-                "status": allocation.status,
-                "failed_gpus": mine,
-                "failed_at": failed_at.isoformat(),
-                "reason": reason,
-                "refunded": amount,
-            },
+            amount=amount,
+            actor=None,
+            reason=f"allocation {allocation.pk} could not run: {reason}"[:300],
+            reference=f"allocation:{allocation.pk}",
+            campaign=allocation.bid.campaign,
+            idempotency_key=key,
         )
-        _tell(allocation, reason=reason, refunded=amount, moved=bool(placed), key=key)
-        outcomes.append(
-            FailureOutcome(allocation=allocation.pk, refunded=amount, moved=bool(placed))
-        )
-    return outcomes
+    if placed:
+        allocation.placement = as_json(placed)
+        allocation.launch_secret = secrets.token_hex(32)
+        allocation.save(update_fields=["placement", "launch_secret"])
+    else:
+        allocation.status = Allocation.Status.REVOKED
+        allocation.save(update_fields=["status"])
+    audit.record(
+        actor=actor,
+        action="allocation.gpu_failure",
+        target=allocation,
+        tenant=allocation.tenant,
+        before=before,
+        after={
+            "placement": allocation.placement,
+            "status": allocation.status,
+            "failed_gpus": mine,
+            "failed_at": failed_at.isoformat(),
+            "reason": reason,
+            "refunded": amount,
+        },
+    )
+    _tell(allocation, reason=reason, refunded=amount, moved=bool(placed), key=key)
+    return FailureOutcome(allocation=allocation.pk, refunded=amount, moved=bool(placed))
+
+
+def _lost_time_refund(
+    allocation: Allocation, *, failed_at: datetime, now: datetime, moved: bool
+) -> int:
+    """Milli-credits for the time the work could not run: from the failure until it is
+    moved (now) or, unmoved, to the window's end; never more than is left to refund."""
+    lost_from = max(failed_at, allocation.starts_at)
+    lost_until = max(min(now if moved else allocation.ends_at, allocation.ends_at), lost_from)
+    return failure_refund(
+        charge=allocation.charge,
+        lost=(lost_until - lost_from) // _MICROSECOND,
+        window=(allocation.ends_at - allocation.starts_at) // _MICROSECOND,
+        room=allocation.charge - allocation.cap_refund - _refunded_before(allocation),
+    )
