@@ -1,6 +1,7 @@
 """Forecast accuracy at planning horizons: the planning forecast against its baselines.
 
     python bench/forecast.py                       # the generated 12-week history only
+    python bench/forecast.py --seeds 8,9,10        # generated histories from other seeds
     DATABASE_URL=... python bench/forecast.py --platform [--record-weeks 12]
 
 For every tier of a history and each horizon (1 week, 4 weeks), three origins a week apart
@@ -203,8 +204,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--platform", action="store_true", help="also the database's history")
     parser.add_argument("--record-weeks", type=int, default=0)
+    parser.add_argument(
+        "--seeds", default="7", help="comma-separated seeds of the generated histories (7)"
+    )
     args = parser.parse_args()
-    sources = {"generated": generated}
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds: comma-separated whole numbers, got {args.seeds!r}")
+    sources: dict[str, Callable[[], dict[str, np.ndarray]]] = {
+        ("generated" if seed == 7 else f"generated seed {seed}"): (
+            lambda seed=seed: generated(seed=seed)
+        )
+        for seed in seeds
+    }
     if args.platform:
         _django()
         if args.record_weeks:
