@@ -56,6 +56,18 @@ class _Family:
 
 
 def metrics_collect() -> list[_Family]:
+    """Every family the metrics endpoint serves, in the order it serves them."""
+    return [
+        *_market_families(),
+        *_node_families(),
+        *_fleet_families(),
+        *_ledger_families(),
+        _rate_limit_family(),
+    ]
+
+
+def _market_families() -> list[_Family]:
+    """Rounds, open bids, and each tier's offer and last price."""
     rounds = _Family("gpumarket_rounds", "gauge", "Rounds by status.")
     counts = dict(Round.objects.values_list("status").annotate(n=Count("id")))
     for status in Round.Status.values:
@@ -83,7 +95,11 @@ def metrics_collect() -> list[_Family]:
         capacity.add(tier.offered, tier=tier.slug)
         if tier.slug in last:
             price.add(last[tier.slug], tier=tier.slug)
+    return [rounds, bids, capacity, price]
 
+
+def _node_families() -> list[_Family]:
+    """Nodes by health, how recently they reported, and what ingest refused of them."""
     nodes = _Family("gpumarket_nodes", "gauge", "Registered nodes by health (revoked excluded).")
     node_counts = Node.objects.filter(revoked_at__isnull=True).aggregate(
         up=Count("id", filter=Q(healthy=True)), down=Count("id", filter=Q(healthy=False))
@@ -116,7 +132,11 @@ def metrics_collect() -> list[_Family]:
     ):
         refused.add(batches, node=name)
         dropped.add(fields, node=name)
+    return [nodes, simulated, seen, refused, dropped]
 
+
+def _fleet_families() -> list[_Family]:
+    """GPUs by tier and state; enforcement actions by action and state."""
     gpus = _Family("gpumarket_gpus", "gauge", "GPUs by tier and state.")
     for row in Gpu.objects.values("tier__slug", "healthy", "maintenance").annotate(n=Count("id")):
         state = (
@@ -129,7 +149,11 @@ def metrics_collect() -> list[_Family]:
     )
     for row in EnforcementAction.objects.values("action", "state").annotate(n=Count("id")):
         actions.add(row["n"], action=row["action"], state=row["state"])
+    return [gpus, actions]
 
+
+def _ledger_families() -> list[_Family]:
+    """Account balances by kind and the audit log's length."""
     ledger = _Family(
         "gpumarket_ledger_balance_millicredits", "gauge", "Sum of account balances by account kind."
     )
@@ -139,6 +163,10 @@ def metrics_collect() -> list[_Family]:
 
     audit_len = _Family("gpumarket_audit_events", "gauge", "Events in the audit log.")
     audit_len.add(AuditEvent.objects.aggregate(n=Max("seq"))["n"] or 0)
+    return [ledger, audit_len]
+
+
+def _rate_limit_family() -> _Family:
     fail_open = _Family(
         "gpumarket_rate_limit_fail_open_total",
         "counter",
@@ -147,22 +175,7 @@ def metrics_collect() -> list[_Family]:
     )
     for scope, n in rate_limit_fail_open_counts().items():
         fail_open.add(n, scope=scope)
-    return [
-        rounds,
-        bids,
-        capacity,
-        price,
-        nodes,
-        simulated,
-        seen,
-        refused,
-        dropped,
-        gpus,
-        actions,
-        ledger,
-        audit_len,
-        fail_open,
-    ]
+    return fail_open
 
 
 def metrics_render() -> str:
