@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
+from django.apps import apps
 from django.db.models import QuerySet
 
+from audit.access import AuditScope
 from audit.chain import GENESIS_HASH, event_hash, fields_of, same
 from audit.checkpoints import CheckpointError, checkpoints_read
 from audit.keys import UnknownKey, verifying_key
@@ -153,3 +156,13 @@ def events_filter(
     if until is not None:
         qs = qs.filter(created_at__lt=until)
     return qs
+
+
+def tenants_in_scope(*, scope: AuditScope | None) -> QuerySet[Any]:
+    """The tenants a reader with ``scope`` may filter the log by, by name: every tenant, or
+    the manager's own team."""
+    # audit sits below tenants in the import order, so the model is looked up, not imported.
+    tenants = apps.get_model("tenants", "Tenant").objects.order_by("name")
+    if scope is not None and scope.tenant_id is not None:
+        tenants = tenants.filter(pk=scope.tenant_id)
+    return tenants

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, time, timedelta
 
 from django import forms
-from django.apps import apps
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -24,14 +23,9 @@ from django.views.decorators.http import require_GET, require_POST
 from audit.access import AuditScope, audit_scope
 from audit.display import in_credits
 from audit.models import AuditEvent
-from audit.selectors import chain_verify, events_filter
+from audit.selectors import chain_verify, events_filter, tenants_in_scope
 
 PAGE_SIZE = 50
-
-
-def _tenants():
-    # audit sits below tenants in the import order, so the model is looked up, not imported.
-    return apps.get_model("tenants", "Tenant").objects.order_by("name")
 
 
 class AuditFilterForm(forms.Form):
@@ -51,10 +45,7 @@ class AuditFilterForm(forms.Form):
 
     def __init__(self, *args, scope: AuditScope | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        tenants = _tenants()
-        if scope is not None and scope.tenant_id is not None:
-            tenants = tenants.filter(pk=scope.tenant_id)
-        self.fields["tenant"].queryset = tenants
+        self.fields["tenant"].queryset = tenants_in_scope(scope=scope)
 
     def clean(self):
         cleaned = super().clean()
