@@ -104,16 +104,7 @@ def arrays_to_json(
 def arrays_from_json(data: Any) -> tuple[Arrays, str, dict[str, Any], Any]:
     """(arrays, mechanism, params, reserved_quotas) from what ``arrays_to_json`` wrote. Raises
     ClearingError naming the first field that is not as written there."""
-    if not isinstance(data, Mapping) or data.get("format") != FORMAT:
-        raise ClearingError(f"arrays: must be an object with format {FORMAT!r}")
-    mechanism, params = data.get("mechanism"), data.get("params")
-    reserved_quotas = data.get("reserved_quotas")
-    if not isinstance(mechanism, str):
-        raise ClearingError("arrays.mechanism: must be a string")
-    if not isinstance(params, Mapping):
-        raise ClearingError("arrays.params: must be an object")
-    if not (reserved_quotas == "by_weight" or isinstance(reserved_quotas, Mapping)):
-        raise ClearingError('arrays.reserved_quotas: must be "by_weight" or {tenant: {tier: GPUs}}')
+    mechanism, params, reserved_quotas = _header_from_json(data)
     tiers = _table(data, "tiers", ("name", "capacity", "reserve", "max_share"))
     tenants = _table(data, "tenants", ("name", "weight", "budget"))
     bids = _table(data, "bids", ("id", "tenant", "quantity", "min_quantity", "mixed_tiers"))
@@ -123,50 +114,10 @@ def arrays_from_json(data: Any) -> tuple[Arrays, str, dict[str, Any], Any]:
     bid_ids = _names(bids["id"], "bids.id", ordered=True)
     T, N, B = len(tier_names), len(tenant_names), len(bid_ids)
 
-    capacity = _amounts(tiers["capacity"], "tiers.capacity")
-    if np.any(capacity != np.floor(capacity)):
-        raise ClearingError("arrays.tiers.capacity: must be whole GPUs")
-    reserve = _amounts(tiers["reserve"], "tiers.reserve")
-    cap_share = _amounts(tiers["max_share"], "tiers.max_share")
-    if np.any((cap_share <= 0) | (cap_share > 1)):
-        raise ClearingError("arrays.tiers.max_share: must be in (0, 1]")
-    weight = _amounts(tenants["weight"], "tenants.weight")
-    budget_in = tenants["budget"]
-    if isinstance(budget_in, bytes):  # packed: NaN for a tenant without a budget
-        budget = _unpacked(budget_in, "tenants.budget")
-        none = np.isnan(budget)
-        _amounts(np.where(none, 0.0, budget), "tenants.budget")
-    else:
-        budget = _amounts([0.0 if b is None else b for b in budget_in], "tenants.budget")
-        none = [b is None for b in budget_in]
-    budget[none] = np.nan
-
-    bid_tenant = _indices(bids["tenant"], "bids.tenant", N)
-    quantity = _amounts(bids["quantity"], "bids.quantity")
-    if np.any(quantity < 1):
-        raise ClearingError("arrays.bids.quantity: must be >= 1 GPU")
-    min_quantity = _amounts(bids["min_quantity"], "bids.min_quantity")
-    if np.any(min_quantity > quantity):
-        raise ClearingError("arrays.bids.min_quantity: must not be more than quantity")
-    mixed_in = bids["mixed_tiers"]
-    if isinstance(mixed_in, bytes):
-        flags = _unpacked(mixed_in, "bids.mixed_tiers")
-        if np.any(flags > 1):
-            raise ClearingError("arrays.bids.mixed_tiers: must be true or false")
-        mixed_tiers = flags.astype(bool)
-    elif all(isinstance(m, bool) for m in mixed_in):
-        mixed_tiers = np.array(mixed_in, dtype=bool)
-    else:
-        raise ClearingError("arrays.bids.mixed_tiers: must be true or false")
-
-    arc_bid = _indices(arcs["bid"], "arcs.bid", B)
-    arc_tier = _indices(arcs["tier"], "arcs.tier", T)
-    arc_price = _amounts(arcs["price"], "arcs.price")
-    key = arc_bid * max(T, 1) + arc_tier
-    if key.size and np.any(np.diff(key) <= 0):
-        raise ClearingError("arrays.arcs: must be in (bid, tier) order, each pair once")
-    if np.any(arc_price < reserve[arc_tier]):
-        raise ClearingError("arrays.arcs.price: an arc below its tier's reserve")
+    capacity, reserve, cap_share = _tier_columns(tiers)
+    weight, budget = _tenant_columns(tenants)
+    bid_tenant, quantity, min_quantity, mixed_tiers = _bid_columns(bids, N)
+    arc_bid, arc_tier, arc_price = _arc_columns(arcs, B, T, reserve)
     arrays = Arrays(
         tier_names=tier_names,
         tenant_names=tenant_names,
@@ -185,6 +136,87 @@ def arrays_from_json(data: Any) -> tuple[Arrays, str, dict[str, Any], Any]:
         arc_price=arc_price,
     )
     return arrays, mechanism, dict(params), reserved_quotas
+
+
+def _header_from_json(data: Any) -> tuple[str, Mapping, Any]:
+    """The format tag, then (mechanism, params, reserved_quotas), each checked for its type."""
+    if not isinstance(data, Mapping) or data.get("format") != FORMAT:
+        raise ClearingError(f"arrays: must be an object with format {FORMAT!r}")
+    mechanism, params = data.get("mechanism"), data.get("params")
+    reserved_quotas = data.get("reserved_quotas")
+    if not isinstance(mechanism, str):
+        raise ClearingError("arrays.mechanism: must be a string")
+    if not isinstance(params, Mapping):
+        raise ClearingError("arrays.params: must be an object")
+    if not (reserved_quotas == "by_weight" or isinstance(reserved_quotas, Mapping)):
+        raise ClearingError('arrays.reserved_quotas: must be "by_weight" or {tenant: {tier: GPUs}}')
+    return mechanism, params, reserved_quotas
+
+
+def _tier_columns(tiers: dict[str, list | bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(capacity in whole GPUs, reserve price, max share in (0, 1])."""
+    capacity = _amounts(tiers["capacity"], "tiers.capacity")
+    if np.any(capacity != np.floor(capacity)):
+        raise ClearingError("arrays.tiers.capacity: must be whole GPUs")
+    reserve = _amounts(tiers["reserve"], "tiers.reserve")
+    cap_share = _amounts(tiers["max_share"], "tiers.max_share")
+    if np.any((cap_share <= 0) | (cap_share > 1)):
+        raise ClearingError("arrays.tiers.max_share: must be in (0, 1]")
+    return capacity, reserve, cap_share
+
+
+def _tenant_columns(tenants: dict[str, list | bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """(weight, budget with NaN for a tenant without one), from a list or packed column."""
+    weight = _amounts(tenants["weight"], "tenants.weight")
+    budget_in = tenants["budget"]
+    if isinstance(budget_in, bytes):  # packed: NaN for a tenant without a budget
+        budget = _unpacked(budget_in, "tenants.budget")
+        none = np.isnan(budget)
+        _amounts(np.where(none, 0.0, budget), "tenants.budget")
+    else:
+        budget = _amounts([0.0 if b is None else b for b in budget_in], "tenants.budget")
+        none = [b is None for b in budget_in]
+    budget[none] = np.nan
+    return weight, budget
+
+
+def _bid_columns(
+    bids: dict[str, list | bytes], N: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(tenant index, quantity >= 1, min_quantity <= quantity, mixed_tiers flags)."""
+    bid_tenant = _indices(bids["tenant"], "bids.tenant", N)
+    quantity = _amounts(bids["quantity"], "bids.quantity")
+    if np.any(quantity < 1):
+        raise ClearingError("arrays.bids.quantity: must be >= 1 GPU")
+    min_quantity = _amounts(bids["min_quantity"], "bids.min_quantity")
+    if np.any(min_quantity > quantity):
+        raise ClearingError("arrays.bids.min_quantity: must not be more than quantity")
+    mixed_in = bids["mixed_tiers"]
+    if isinstance(mixed_in, bytes):
+        flags = _unpacked(mixed_in, "bids.mixed_tiers")
+        if np.any(flags > 1):
+            raise ClearingError("arrays.bids.mixed_tiers: must be true or false")
+        mixed_tiers = flags.astype(bool)
+    elif all(isinstance(m, bool) for m in mixed_in):
+        mixed_tiers = np.array(mixed_in, dtype=bool)
+    else:
+        raise ClearingError("arrays.bids.mixed_tiers: must be true or false")
+    return bid_tenant, quantity, min_quantity, mixed_tiers
+
+
+def _arc_columns(
+    arcs: dict[str, list | bytes], B: int, T: int, reserve: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(bid index, tier index, price): in (bid, tier) order, each pair once, none below reserve."""
+    arc_bid = _indices(arcs["bid"], "arcs.bid", B)
+    arc_tier = _indices(arcs["tier"], "arcs.tier", T)
+    arc_price = _amounts(arcs["price"], "arcs.price")
+    key = arc_bid * max(T, 1) + arc_tier
+    if key.size and np.any(np.diff(key) <= 0):
+        raise ClearingError("arrays.arcs: must be in (bid, tier) order, each pair once")
+    if np.any(arc_price < reserve[arc_tier]):
+        raise ClearingError("arrays.arcs.price: an arc below its tier's reserve")
+    return arc_bid, arc_tier, arc_price
 
 
 def _table(data: Mapping, name: str, fields: tuple[str, ...]) -> dict[str, list | bytes]:
