@@ -64,6 +64,55 @@ def welfare_flow_near(
     first = np.flatnonzero(np.r_[True, m.arc_bid[1:] != m.arc_bid[:-1]])  # of each bid's arcs
     best = _per_bid_max(surplus, m.arc_bid, first, B)
     used = x_before > EPS
+    live, win_arc, held_win, held_lose, solve = _held_bids(
+        m, before, x_before, surplus, best, used, tol
+    )
+    for _ in range(NEAR_ROUNDS):
+        if np.count_nonzero(solve) > NEAR_SHARE * np.count_nonzero(live):
+            break
+        won = win_arc[held_win[m.arc_bid[win_arc]]]
+        tier_room = m.tier_room - np.bincount(
+            m.arc_tier[won], weights=x_before[won], minlength=m.tier_room.size
+        )
+        if tier_room.min(initial=0.0) < -EPS:
+            released = _overfilling_winners(
+                m, won, x_before, surplus, used, best, first, B, tier_room
+            )
+            held_win[released] = False
+            solve[released] = True
+            continue
+        part = solve[m.arc_bid]
+        sub = _unheld_market(m, part, solve, tier_room)
+        x_sub = welfare_flow(sub, in_id_order=False)  # the whole pass is put in order below
+        if x_sub is None:
+            break
+        prices = minimal_prices(sub, x_sub)
+        wrong = _broken_holds(m, prices, won, held_win, held_lose, first, B, tol)
+        if not wrong.any():
+            x = np.zeros(m.arc_bid.size)
+            x[won] = x_before[won]
+            x[part] = x_sub
+            return fill_by_id(m, x, network.same_arcs), prices
+        held_win &= ~wrong
+        held_lose &= ~wrong
+        solve |= wrong
+    x = network.solve(m)
+    return None if x is None else (x, minimal_prices(m, x))
+
+
+def _held_bids(
+    m: OpenMarket,
+    before: OpenMarket,
+    x_before: np.ndarray,
+    surplus: np.ndarray,
+    best: np.ndarray,
+    used: np.ndarray,
+    tol: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(live, win_arc, held_win, held_lose, solve): the bids with room (B,); the arcs (E)
+    that take a winner's whole room; the bids held as winners and as losers, and the rest,
+    to solve (B,)."""
+    B = m.bid_room.size
     flow = np.bincount(m.arc_bid, weights=x_before, minlength=B)
     capped = np.bincount(m.arc_bid, weights=m.arc_capped >= 0, minlength=B) > 0
     live = m.bid_room > EPS
@@ -77,50 +126,59 @@ def welfare_flow_near(
     held_win &= unchanged
     held_lose = live & ~capped & (flow <= EPS) & (best < -tol)
     solve = live & ~held_win & ~held_lose
-    for _ in range(NEAR_ROUNDS):
-        if np.count_nonzero(solve) > NEAR_SHARE * np.count_nonzero(live):
-            break
-        won = win_arc[held_win[m.arc_bid[win_arc]]]
-        tier_room = m.tier_room - np.bincount(
-            m.arc_tier[won], weights=x_before[won], minlength=m.tier_room.size
-        )
-        if tier_room.min(initial=0.0) < -EPS:
-            # A winner's margin: its surplus over the best of its other arcs (a tie: 0).
-            second = _per_bid_max(np.where(used, -np.inf, surplus), m.arc_bid, first, B)
-            margin = best - np.maximum(second, 0.0)
-            released = _overfill(m, won, x_before, margin, tier_room)
-            held_win[released] = False
-            solve[released] = True
-            continue
-        part = solve[m.arc_bid]
-        sub = OpenMarket(
-            arc_bid=m.arc_bid[part],
-            arc_tier=m.arc_tier[part],
-            arc_capped=m.arc_capped[part],
-            arc_price=m.arc_price[part],
-            bid_room=np.where(solve, m.bid_room, 0.0),
-            group_room=m.group_room,
-            tier_room=tier_room,
-        )
-        x_sub = welfare_flow(sub, in_id_order=False)  # the whole pass is put in order below
-        if x_sub is None:
-            break
-        prices = minimal_prices(sub, x_sub)
-        now = m.arc_price - prices[m.arc_tier]
-        now_best = _per_bid_max(now, m.arc_bid, first, B)
-        kept = np.zeros(B, dtype=bool)
-        kept[m.arc_bid[won]] = (now[won] >= now_best[m.arc_bid[won]] - tol) & (now[won] >= -tol)
-        wrong = (held_win & ~kept) | (held_lose & (now_best > tol))
-        if not wrong.any():
-            x = np.zeros(m.arc_bid.size)
-            x[won] = x_before[won]
-            x[part] = x_sub
-            return fill_by_id(m, x, network.same_arcs), prices
-        held_win &= ~wrong
-        held_lose &= ~wrong
-        solve |= wrong
-    x = network.solve(m)
-    return None if x is None else (x, minimal_prices(m, x))
+    return live, win_arc, held_win, held_lose, solve
+
+
+def _overfilling_winners(
+    m: OpenMarket,
+    won: np.ndarray,
+    x_before: np.ndarray,
+    surplus: np.ndarray,
+    used: np.ndarray,
+    best: np.ndarray,
+    first: np.ndarray,
+    B: int,
+    tier_room: np.ndarray,
+) -> np.ndarray:
+    """The held winners to release so that no tier is over-filled, least margin first."""
+    # A winner's margin: its surplus over the best of its other arcs (a tie: 0).
+    second = _per_bid_max(np.where(used, -np.inf, surplus), m.arc_bid, first, B)
+    margin = best - np.maximum(second, 0.0)
+    return _overfill(m, won, x_before, margin, tier_room)
+
+
+def _unheld_market(
+    m: OpenMarket, part: np.ndarray, solve: np.ndarray, tier_room: np.ndarray
+) -> OpenMarket:
+    """The market of the bids to solve (arcs ``part``), in the rooms the held winners leave."""
+    return OpenMarket(
+        arc_bid=m.arc_bid[part],
+        arc_tier=m.arc_tier[part],
+        arc_capped=m.arc_capped[part],
+        arc_price=m.arc_price[part],
+        bid_room=np.where(solve, m.bid_room, 0.0),
+        group_room=m.group_room,
+        tier_room=tier_room,
+    )
+
+
+def _broken_holds(
+    m: OpenMarket,
+    prices: np.ndarray,
+    won: np.ndarray,
+    held_win: np.ndarray,
+    held_lose: np.ndarray,
+    first: np.ndarray,
+    B: int,
+    tol: float,
+) -> np.ndarray:
+    """The held bids (B,) that the new prices make wrong: a winner no longer on a best arc
+    with a surplus, or a loser that now has one."""
+    now = m.arc_price - prices[m.arc_tier]
+    now_best = _per_bid_max(now, m.arc_bid, first, B)
+    kept = np.zeros(B, dtype=bool)
+    kept[m.arc_bid[won]] = (now[won] >= now_best[m.arc_bid[won]] - tol) & (now[won] >= -tol)
+    return (held_win & ~kept) | (held_lose & (now_best > tol))
 
 
 def _per_bid_max(
