@@ -14,7 +14,7 @@ rollups.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Count, OuterRef, Q, Subquery, Sum
@@ -153,44 +153,8 @@ def team_families() -> list[_Family]:
         "Processes tagged with the team's allocations seen stopped in their GPU's newest sample.",
     )
     slugs = dict(Tenant.objects.values_list("pk", "slug"))
-    balances = {
-        (tenant, kind): balance
-        for tenant, kind, balance in Account.objects.filter(tenant__isnull=False).values_list(
-            "tenant_id", "kind", "balance"
-        )
-    }
-    flows = (
-        Transfer.objects.filter(
-            created_at__gte=since, kind__in=[Transfer.Kind.CHARGE, Transfer.Kind.REFUND]
-        )
-        .values_list("tenant_id", "kind")
-        .annotate(total=Sum("amount"))
-    )
-    spend_24h: dict[int, int] = {}
-    for tenant, kind, total in flows:
-        sign = 1 if kind == Transfer.Kind.CHARGE else -1
-        spend_24h[tenant] = spend_24h.get(tenant, 0) + sign * int(total)
-    window_now = Q(starts_at__lte=now, ends_at__gt=now)
-    live = dict(
-        Allocation.objects.filter(
-            window_now, status__in=[Allocation.Status.ACTIVE, Allocation.Status.PAUSED]
-        )
-        .values_list("tenant_id")
-        .annotate(n=Sum("gpus"))
-    )
-    paused_now = dict(
-        Allocation.objects.filter(window_now, status=Allocation.Status.PAUSED)
-        .values_list("tenant_id")
-        .annotate(n=Count("id"))
-    )
-    owner = Allocation.objects.filter(pk=OuterRef("allocation_ref")).values("tenant_id")[:1]
-    stopped_now = dict(
-        ProcessObservation.objects.filter(state=ProcessObservation.State.STOPPED)
-        .annotate(owner=Subquery(owner))
-        .filter(owner__isnull=False)
-        .values_list("owner")
-        .annotate(n=Count("id"))
-    )
+    balances, spend_24h = _team_money(since=since)
+    live, paused_now, stopped_now = _team_work_now(now=now)
     use = team_use_trailing(hours=TRAILING_HOURS, now=now)
     for pk, slug in sorted(slugs.items(), key=lambda item: item[1]):
         available.add(balances.get((pk, Account.Kind.AVAILABLE), 0), team=slug)
@@ -204,6 +168,55 @@ def team_families() -> list[_Family]:
         paused.add(paused_now.get(pk, 0), team=slug)
         stopped.add(stopped_now.get(pk, 0), team=slug)
     return [available, escrow, spend, allocated_now, allocated, used, unmeasured, paused, stopped]
+
+
+def _team_money(*, since: datetime) -> tuple[dict[tuple[int, str], int], dict[int, int]]:
+    """{(team id, account kind): balance} and {team id: charges minus refunds since}."""
+    balances = {
+        (tenant, kind): balance
+        for tenant, kind, balance in Account.objects.filter(tenant__isnull=False).values_list(
+            "tenant_id", "kind", "balance"
+        )
+    }
+    flows = (
+        Transfer.objects.filter(
+            created_at__gte=since, kind__in=[Transfer.Kind.CHARGE, Transfer.Kind.REFUND]
+        )
+        .values_list("tenant_id", "kind")
+        .annotate(total=Sum("amount"))
+    )
+    spend: dict[int, int] = {}
+    for tenant, kind, total in flows:
+        sign = 1 if kind == Transfer.Kind.CHARGE else -1
+        spend[tenant] = spend.get(tenant, 0) + sign * int(total)
+    return balances, spend
+
+
+def _team_work_now(*, now: datetime) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+    """By team id: GPUs allocated in the window holding now, allocations paused in it, and
+    its processes seen stopped."""
+    window_now = Q(starts_at__lte=now, ends_at__gt=now)
+    live = dict(
+        Allocation.objects.filter(
+            window_now, status__in=[Allocation.Status.ACTIVE, Allocation.Status.PAUSED]
+        )
+        .values_list("tenant_id")
+        .annotate(n=Sum("gpus"))
+    )
+    paused = dict(
+        Allocation.objects.filter(window_now, status=Allocation.Status.PAUSED)
+        .values_list("tenant_id")
+        .annotate(n=Count("id"))
+    )
+    owner = Allocation.objects.filter(pk=OuterRef("allocation_ref")).values("tenant_id")[:1]
+    stopped = dict(
+        ProcessObservation.objects.filter(state=ProcessObservation.State.STOPPED)
+        .annotate(owner=Subquery(owner))
+        .filter(owner__isnull=False)
+        .values_list("owner")
+        .annotate(n=Count("id"))
+    )
+    return live, paused, stopped
 
 
 def market_families() -> list[_Family]:
@@ -259,19 +272,7 @@ def market_families() -> list[_Family]:
         if last.cleared_at is not None:
             settle.add(max((last.settled_at - last.cleared_at).total_seconds(), 0.0))
         settled_at.add(last.settled_at.timestamp())
-        asked = (
-            Bid.objects.filter(round=last, backfill__isnull=True)
-            .exclude(status=Bid.Status.CANCELLED)
-            .aggregate(n=Sum("quantity"))["n"]
-            or 0
-        )
-        won = (
-            Allocation.objects.filter(round=last, bid__backfill__isnull=True)
-            .exclude(status=Allocation.Status.REVOKED)
-            .aggregate(n=Sum("gpus"))["n"]
-            or 0
-        )
-        unmet.add(max(asked - won, 0))
+        unmet.add(_unmet_gpus(last))
     oldest = (
         Round.objects.filter(status__in=[Round.Status.OPEN, Round.Status.CLOSED], closes_at__lt=now)
         .order_by("closes_at")
@@ -290,6 +291,23 @@ def market_families() -> list[_Family]:
     for action, outcome in GUARDRAIL_ACTIONS.items():
         trips.add(counts.get(action, 0), outcome=outcome)
     return [clear, settle, settled_at, unmet, overdue, reserve, trips]
+
+
+def _unmet_gpus(rnd: Round) -> int:
+    """GPUs the round's bids (not its backfill's) asked for and did not win."""
+    asked = (
+        Bid.objects.filter(round=rnd, backfill__isnull=True)
+        .exclude(status=Bid.Status.CANCELLED)
+        .aggregate(n=Sum("quantity"))["n"]
+        or 0
+    )
+    won = (
+        Allocation.objects.filter(round=rnd, bid__backfill__isnull=True)
+        .exclude(status=Allocation.Status.REVOKED)
+        .aggregate(n=Sum("gpus"))["n"]
+        or 0
+    )
+    return max(asked - won, 0)
 
 
 def operator_families() -> list[_Family]:
