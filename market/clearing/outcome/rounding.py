@@ -110,6 +110,21 @@ def meet_guarantees(
     if not ((guarantee > EPS) & (utility < guarantee - tol)).any():
         return xi
     s = _Rooms.of(m, xi.copy(), gang_min, arc_tenant, arc_value, utility)
+    freed = _serve_short_tenants(m, s, arc_tenant, guarantee, tol, priority)
+    _hand_out_freed(m, s, freed, arc_tenant, arc_value, guarantee, priority)
+    return s.xi
+
+
+def _serve_short_tenants(
+    m: OpenMarket,
+    s: _Rooms,
+    arc_tenant: np.ndarray,
+    guarantee: np.ndarray,
+    tol: np.ndarray,
+    priority: Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """The rounds of ``meet_guarantees`` that serve each short tenant's best step, in
+    ``s``; returns the GPUs per tier (T,) that the moves freed."""
     freed = np.zeros(m.tier_room.size)
     stuck = np.zeros(guarantee.size, dtype=bool)
     for _ in range(int(m.tier_room.sum()) + 1):
@@ -121,39 +136,99 @@ def meet_guarantees(
         stuck |= short & ~asking
         if to.size == 0:
             break
-        # Furthest below the guarantee first, then index; then tier by tier.
-        who = arc_tenant[to]
-        order = np.lexsort((who, s.utility[who] / guarantee[who]))
-        to, off = to[order], off[order]
-        tier = m.arc_tier[to]
-        order = np.argsort(tier, kind="stable")
-        to, off, tier = to[order], off[order], tier[order]
-        place = np.arange(tier.size) - np.searchsorted(tier, tier)  # k-th ask on its tier
-        room = np.floor(s.tier_left + EPS)
-        free = place < room[tier]
-        source = np.full(to.size, -1)
-        rest = np.flatnonzero(~free)
-        if rest.size:
-            asked = np.zeros(room.size, dtype=bool)
-            asked[tier[rest]] = True
-            donors = _donors(s, spare, asked, guarantee, tol, priority)
-            d_tier = m.arc_tier[donors]
-            first = np.searchsorted(d_tier, np.arange(room.size))
-            count = np.searchsorted(d_tier, np.arange(room.size), side="right") - first
-            k = place[rest] - room[tier[rest]].astype(np.int64)
-            ok = k < count[tier[rest]]
-            source[rest[ok]] = donors[first[tier[rest[ok]]] + k[ok]]
-            keep = free | (source >= 0)
-            to, off, tier, free, source = to[keep], off[keep], tier[keep], free[keep], source[keep]
+        to, off, tier = _asks_in_order(m, s, to, off, arc_tenant, guarantee)
+        to, off, tier, free, source = _served_asks(
+            m, s, spare, to, off, tier, guarantee, tol, priority
+        )
         if to.size == 0:
             break
-        s.add(to, 1.0, bid=off < 0)
-        moved = off >= 0
-        s.add(off[moved], -1.0, bid=False)
-        np.add.at(s.tier_left, m.arc_tier[off[moved]], 1.0)
-        np.add.at(freed, m.arc_tier[off[moved]], 1.0)
-        s.add(source[~free], -1.0, bid=True)
-        np.subtract.at(s.tier_left, tier[free], 1.0)
+        _move(m, s, freed, to, off, tier, free, source)
+    return freed
+
+
+def _asks_in_order(
+    m: OpenMarket,
+    s: _Rooms,
+    to: np.ndarray,
+    off: np.ndarray,
+    arc_tenant: np.ndarray,
+    guarantee: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(to, off, tier) of the asks: furthest below the guarantee first, then index; then
+    tier by tier."""
+    who = arc_tenant[to]
+    order = np.lexsort((who, s.utility[who] / guarantee[who]))
+    to, off = to[order], off[order]
+    tier = m.arc_tier[to]
+    order = np.argsort(tier, kind="stable")
+    return to[order], off[order], tier[order]
+
+
+def _served_asks(
+    m: OpenMarket,
+    s: _Rooms,
+    spare: np.ndarray,
+    to: np.ndarray,
+    off: np.ndarray,
+    tier: np.ndarray,
+    guarantee: np.ndarray,
+    tol: np.ndarray,
+    priority: Callable[[np.ndarray], np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(to, off, tier, free, source) of the asks served: from the tier's free room while it
+    lasts (``free``), then from a donor arc (``source``, -1 for a free GPU)."""
+    place = np.arange(tier.size) - np.searchsorted(tier, tier)  # k-th ask on its tier
+    room = np.floor(s.tier_left + EPS)
+    free = place < room[tier]
+    source = np.full(to.size, -1)
+    rest = np.flatnonzero(~free)
+    if rest.size:
+        asked = np.zeros(room.size, dtype=bool)
+        asked[tier[rest]] = True
+        donors = _donors(s, spare, asked, guarantee, tol, priority)
+        d_tier = m.arc_tier[donors]
+        first = np.searchsorted(d_tier, np.arange(room.size))
+        count = np.searchsorted(d_tier, np.arange(room.size), side="right") - first
+        k = place[rest] - room[tier[rest]].astype(np.int64)
+        ok = k < count[tier[rest]]
+        source[rest[ok]] = donors[first[tier[rest[ok]]] + k[ok]]
+        keep = free | (source >= 0)
+        to, off, tier, free, source = to[keep], off[keep], tier[keep], free[keep], source[keep]
+    return to, off, tier, free, source
+
+
+def _move(
+    m: OpenMarket,
+    s: _Rooms,
+    freed: np.ndarray,
+    to: np.ndarray,
+    off: np.ndarray,
+    tier: np.ndarray,
+    free: np.ndarray,
+    source: np.ndarray,
+) -> None:
+    """Give each served ask its GPU, in ``s``: taken from its other arc (counted in
+    ``freed``), then from the tier's free room or its donor."""
+    s.add(to, 1.0, bid=off < 0)
+    moved = off >= 0
+    s.add(off[moved], -1.0, bid=False)
+    np.add.at(s.tier_left, m.arc_tier[off[moved]], 1.0)
+    np.add.at(freed, m.arc_tier[off[moved]], 1.0)
+    s.add(source[~free], -1.0, bid=True)
+    np.subtract.at(s.tier_left, tier[free], 1.0)
+
+
+def _hand_out_freed(
+    m: OpenMarket,
+    s: _Rooms,
+    freed: np.ndarray,
+    arc_tenant: np.ndarray,
+    arc_value: np.ndarray,
+    guarantee: np.ndarray,
+    priority: Callable[[np.ndarray], np.ndarray],
+) -> None:
+    """Give the ``freed`` GPUs, in ``s``, in rounds of one GPU a tenant, to the arc of most
+    value with room of the tenants that come first."""
     for _ in range(int(freed.sum())):
         open_tier = (freed >= 1.0 - EPS) & (s.tier_left >= 1.0 - EPS)
         can = np.flatnonzero(open_tier[m.arc_tier] & s.room_for_one() & (arc_value > 0))
@@ -171,7 +246,6 @@ def meet_guarantees(
         s.add(can, 1.0, bid=True)
         np.subtract.at(s.tier_left, m.arc_tier[can], 1.0)
         np.subtract.at(freed, m.arc_tier[can], 1.0)
-    return s.xi
 
 
 def _asked(
