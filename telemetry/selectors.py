@@ -28,6 +28,13 @@ def actions_for_tenant(*, tenant: Tenant) -> QuerySet[EnforcementAction]:
     ).order_by("-created_at", "-id")
 
 
+def actions_for_allocation(
+    *, tenant: Tenant, allocation: Allocation
+) -> QuerySet[EnforcementAction]:
+    """The enforcement actions taken on one of the tenant's allocations, newest first."""
+    return actions_for_tenant(tenant=tenant).filter(allocation=allocation)
+
+
 def actions_recent(
     *,
     node: Node | None = None,

@@ -29,6 +29,7 @@ from telemetry.forms import EnforcementFilterForm
 from telemetry.metrics import metrics_render
 from telemetry.models import Gpu
 from telemetry.selectors import (
+    actions_for_allocation,
     actions_for_tenant,
     actions_recent,
     allocation_get,
@@ -125,7 +126,7 @@ def allocation_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "ready": ready_commands(allocation) if allocation.status == "active" else [],
             "gpus": [_gpu_label(g) for g in gpus],
             "chart": chart,
-            "actions": actions_for_tenant(tenant=tenant).filter(allocation=allocation),
+            "actions": actions_for_allocation(tenant=tenant, allocation=allocation),
         },
     )
 
