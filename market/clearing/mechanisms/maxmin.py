@@ -238,40 +238,19 @@ def _settled_first(
     settled arc at its bid's bound). A settled bid those duals price otherwise joins the
     rest, which is solved again from where it ended, for SETTLE_ROUNDS rounds."""
     a = market.arrays
-    N, E = a.n_tenants, a.arc_bid.size
+    N = a.n_tenants
     bid = a.arc_bid[sk.cols]
     room = om.bid_room[bid]
-    # The point, kept over every arc and row, moved to each round's answer.
-    x_at = np.zeros(E)
-    x_at[sk.cols] = start.values["x"]
-    mu_at = np.zeros(a.n_bids)
-    bids, _ = unique_inverse(bid)
-    mu_at[bids] = start.duals["quantity"]
-    pi_at = np.asarray(start.duals["capacity"], dtype=float)
-    share_at = np.asarray(start.duals["share"], dtype=float)
-    floor_at = np.zeros(N)
-    floor_at[g - held > EPS] = start.duals["guarantee"]
-    full = x_at[sk.cols] >= (1.0 - SETTLED) * room
-    busy = np.bincount(bid, weights=x_at[sk.cols] > SETTLED * room, minlength=a.n_bids)
-    settled = np.zeros(a.n_bids, dtype=bool)
-    settled[bid[full]] = True
-    settled &= busy == 1
-    floor = _floors(e, g, tau)
-    open_bid = np.bincount(a.bid_tenant[bid[~settled[bid]]], minlength=N) > 0
-    worth = np.where(full & settled[bid], v[sk.cols] * room, 0.0)
-    reach = held + np.bincount(a.arc_tenant[sk.cols], weights=worth, minlength=N)
-    settled &= ~(~open_bid & (reach < floor))[a.bid_tenant]
+    x_at, mu_at, pi_at, share_at, floor_at = _point_over_all(sk, market, start, g=g, held=held)
+    full, settled = _settled_bids(sk, market, x_at, room, v=v, e=e, g=g, held=held, tau=tau)
     counted = np.flatnonzero(e > EPS)
     tol = highs.DUAL_TOL * np.maximum(1.0, np.abs(v))
     began = time.perf_counter()
     for _ in range(SETTLE_ROUNDS):
         on = full & settled[bid]
-        gpus = np.zeros(E)
-        gpus[sk.cols[on]] = room[on]
-        more = held + np.bincount(a.arc_tenant, weights=v * gpus, minlength=N)
-        rest = market_program(market, residual(om, gpus), what="maxmin problem (unsettled bids)")
-        rest.program.bounds(_fair_rows(rest, market, v=v, e=e, g=g, held=more), lo=tau)
-        still = np.flatnonzero(g - more > EPS)
+        rest, still = _unsettled_program(
+            sk, market, om, on, room, v=v, e=e, g=g, held=held, tau=tau
+        )
         rest_bids, _ = unique_inverse(a.arc_bid[rest.cols])
         begun = lp.Start(
             values={"x": x_at[rest.cols]},
@@ -296,21 +275,133 @@ def _settled_first(
         mu_at[rest_bids] = sol.dual("quantity")
         floor_at[:] = 0.0
         floor_at[still] = sol.dual("guarantee")
-        lam = np.zeros(N)
-        lam[counted] -= share_at  # a >= row of a maximisation: its dual is <= 0
-        lam -= floor_at
-        gain = (1.0 + lam[a.arc_tenant]) * v - pi_at[a.arc_tier]
-        mu = np.full(a.n_bids, -np.inf)
-        mu[bid[on]] = gain[sk.cols[on]]
-        wrong = np.zeros(a.n_bids, dtype=bool)
-        wrong[bid[(gain[sk.cols] > mu[bid] + tol[sk.cols]) & ~on]] = True
-        wrong |= mu < -highs.DUAL_TOL * np.maximum(1.0, np.abs(mu))
-        wrong &= settled
+        mu, wrong = _mispriced_settled(
+            sk,
+            market,
+            on,
+            settled,
+            v=v,
+            tol=tol,
+            counted=counted,
+            share=share_at,
+            floor=floor_at,
+            pi=pi_at,
+            N=N,
+        )
         if not wrong.any():
             return np.where(on, room, np.where(settled[bid], 0.0, x_at[sk.cols]))
         settled &= ~wrong
         mu_at[wrong] = np.maximum(mu[wrong], 0.0)
     return None
+
+
+def _point_over_all(
+    sk: Skeleton, market: Market, start: lp.Start, *, g: np.ndarray, held: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x over every arc, mu over every bid, pi, share and floor duals over every row):
+    the interior point ``start``, kept whole so each round's answer can move it."""
+    a = market.arrays
+    N, E = a.n_tenants, a.arc_bid.size
+    bid = a.arc_bid[sk.cols]
+    x_at = np.zeros(E)
+    x_at[sk.cols] = start.values["x"]
+    mu_at = np.zeros(a.n_bids)
+    bids, _ = unique_inverse(bid)
+    mu_at[bids] = start.duals["quantity"]
+    pi_at = np.asarray(start.duals["capacity"], dtype=float)
+    share_at = np.asarray(start.duals["share"], dtype=float)
+    floor_at = np.zeros(N)
+    floor_at[g - held > EPS] = start.duals["guarantee"]
+    return x_at, mu_at, pi_at, share_at, floor_at
+
+
+def _settled_bids(
+    sk: Skeleton,
+    market: Market,
+    x_at: np.ndarray,
+    room: np.ndarray,
+    *,
+    v: np.ndarray,
+    e: np.ndarray,
+    g: np.ndarray,
+    held: np.ndarray,
+    tau: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(full over sk.cols, settled over bids): the arcs the point fills, and the bids whose
+    whole room is on one of them, less those of a tenant that would then fall short of its
+    floor with settled bids only."""
+    a = market.arrays
+    N = a.n_tenants
+    bid = a.arc_bid[sk.cols]
+    full = x_at[sk.cols] >= (1.0 - SETTLED) * room
+    busy = np.bincount(bid, weights=x_at[sk.cols] > SETTLED * room, minlength=a.n_bids)
+    settled = np.zeros(a.n_bids, dtype=bool)
+    settled[bid[full]] = True
+    settled &= busy == 1
+    floor = _floors(e, g, tau)
+    open_bid = np.bincount(a.bid_tenant[bid[~settled[bid]]], minlength=N) > 0
+    worth = np.where(full & settled[bid], v[sk.cols] * room, 0.0)
+    reach = held + np.bincount(a.arc_tenant[sk.cols], weights=worth, minlength=N)
+    settled &= ~(~open_bid & (reach < floor))[a.bid_tenant]
+    return full, settled
+
+
+def _unsettled_program(
+    sk: Skeleton,
+    market: Market,
+    om: OpenMarket,
+    on: np.ndarray,
+    room: np.ndarray,
+    *,
+    v: np.ndarray,
+    e: np.ndarray,
+    g: np.ndarray,
+    held: np.ndarray,
+    tau: float,
+) -> tuple[Skeleton, np.ndarray]:
+    """(the LP of the bids not settled, its fair rows less what the settled arcs ``on``
+    give; the tenants still below their guarantee)."""
+    a = market.arrays
+    N, E = a.n_tenants, a.arc_bid.size
+    gpus = np.zeros(E)
+    gpus[sk.cols[on]] = room[on]
+    more = held + np.bincount(a.arc_tenant, weights=v * gpus, minlength=N)
+    rest = market_program(market, residual(om, gpus), what="maxmin problem (unsettled bids)")
+    rest.program.bounds(_fair_rows(rest, market, v=v, e=e, g=g, held=more), lo=tau)
+    still = np.flatnonzero(g - more > EPS)
+    return rest, still
+
+
+def _mispriced_settled(
+    sk: Skeleton,
+    market: Market,
+    on: np.ndarray,
+    settled: np.ndarray,
+    *,
+    v: np.ndarray,
+    tol: np.ndarray,
+    counted: np.ndarray,
+    share: np.ndarray,
+    floor: np.ndarray,
+    pi: np.ndarray,
+    N: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(mu over bids, wrong over bids): each settled bid's price mu_b = (1 + lambda_i) v_e
+    - pi_t on its arc, and the settled bids it does not hold for (another arc above it, or
+    mu_b < 0)."""
+    a = market.arrays
+    bid = a.arc_bid[sk.cols]
+    lam = np.zeros(N)
+    lam[counted] -= share  # a >= row of a maximisation: its dual is <= 0
+    lam -= floor
+    gain = (1.0 + lam[a.arc_tenant]) * v - pi[a.arc_tier]
+    mu = np.full(a.n_bids, -np.inf)
+    mu[bid[on]] = gain[sk.cols[on]]
+    wrong = np.zeros(a.n_bids, dtype=bool)
+    wrong[bid[(gain[sk.cols] > mu[bid] + tol[sk.cols]) & ~on]] = True
+    wrong |= mu < -highs.DUAL_TOL * np.maximum(1.0, np.abs(mu))
+    wrong &= settled
+    return mu, wrong
 
 
 def _prices(market: Market, x: np.ndarray) -> np.ndarray:
