@@ -219,23 +219,7 @@ def _play_round(
 ) -> RoundRecord:
     """Realise ``plan`` for one round and advance the ``active`` jobs (updates ``state``)."""
     tiers: Tiers = config.tiers
-    round_seconds = config.round_minutes * 60.0
-    placed: dict[int, str] = {}
-    if config.job_model == "gang":
-        placed = place_gangs(
-            active,
-            plan.fractions,
-            tiers,
-            ledger,
-            running=state.running,
-            restart_share=config.restart_seconds / round_seconds,
-            lease=lease_rounds(config.restart_seconds, round_seconds),
-        )
-        ledger.record(placed)
-        gpus = {j.id: ({placed[j.id]: float(j.scale)} if j.id in placed else {}) for j in active}
-    else:
-        gpus = fluid_gpus(active, plan.fractions, tiers)
-
+    placed, gpus = _plan_realise(active, plan=plan, config=config, state=state, ledger=ledger)
     decay = 0.5 ** ((start - state.usage_clock) / (config.half_life_hours * 3600.0))
     state.usage = {t: u * decay for t, u in state.usage.items()}
     state.usage_clock = start
@@ -257,27 +241,7 @@ def _play_round(
     for job in active:
         demand[job.tenant] = demand.get(job.tenant, 0) + job.scale
         held = gpus[job.id]
-        before = state.running.get(job.id)
-        if before is not None and preempted(
-            held={before: job.scale}, won={t: round(x) for t, x in held.items()}
-        ):
-            state.preemptions[job.id] = state.preemptions.get(job.id, 0) + 1
-            state.restarting.add(job.id)
-        rate = sum(job.throughput[t] * x / job.scale for t, x in held.items())
-        used_seconds = round_seconds
-        if rate > 0:
-            state.first_run.setdefault(job.id, start)
-            lost = 0.0
-            if job.id in state.restarting:
-                state.restarting.discard(job.id)
-                lost = float(config.restart_seconds)
-                state.lost_seconds[job.id] = state.lost_seconds.get(job.id, 0.0) + lost
-            if state.remaining[job.id] <= rate * (round_seconds - lost):
-                used_seconds = lost + state.remaining[job.id] / rate
-                state.finish[job.id] = start + used_seconds
-                state.remaining[job.id] = 0.0
-            else:
-                state.remaining[job.id] -= rate * (round_seconds - lost)
+        used_seconds = _job_advance(job, held=held, start=start, config=config, state=state)
         limits = state.limits.get(job.id)
         if limits is None:
             limits = state.limits[job.id] = limit_prices(job, tiers)
@@ -304,6 +268,59 @@ def _play_round(
         spend=spend,
         solve_seconds=0.0,
     )
+
+
+def _plan_realise(
+    active: list[Job], *, plan: Plan, config: SimConfig, state: _State, ledger: Ledger
+) -> tuple[dict[int, str], dict[int, dict[str, float]]]:
+    """The plan's fractions as GPUs: {job id: tier} of the gangs placed (gang model; empty
+    for the fluid model), and {job id: {tier: GPUs}} each job holds this round."""
+    tiers: Tiers = config.tiers
+    round_seconds = config.round_minutes * 60.0
+    if config.job_model != "gang":
+        return {}, fluid_gpus(active, plan.fractions, tiers)
+    placed = place_gangs(
+        active,
+        plan.fractions,
+        tiers,
+        ledger,
+        running=state.running,
+        restart_share=config.restart_seconds / round_seconds,
+        lease=lease_rounds(config.restart_seconds, round_seconds),
+    )
+    ledger.record(placed)
+    gpus = {j.id: ({placed[j.id]: float(j.scale)} if j.id in placed else {}) for j in active}
+    return placed, gpus
+
+
+def _job_advance(
+    job: Job, *, held: dict[str, float], start: float, config: SimConfig, state: _State
+) -> float:
+    """Count a preemption if the job lost the gang it ran on, and run it on ``held`` for
+    the round (less a restart's lost time); returns the seconds it used the GPUs."""
+    round_seconds = config.round_minutes * 60.0
+    before = state.running.get(job.id)
+    if before is not None and preempted(
+        held={before: job.scale}, won={t: round(x) for t, x in held.items()}
+    ):
+        state.preemptions[job.id] = state.preemptions.get(job.id, 0) + 1
+        state.restarting.add(job.id)
+    rate = sum(job.throughput[t] * x / job.scale for t, x in held.items())
+    if rate <= 0:
+        return round_seconds
+    state.first_run.setdefault(job.id, start)
+    lost = 0.0
+    if job.id in state.restarting:
+        state.restarting.discard(job.id)
+        lost = float(config.restart_seconds)
+        state.lost_seconds[job.id] = state.lost_seconds.get(job.id, 0.0) + lost
+    if state.remaining[job.id] <= rate * (round_seconds - lost):
+        used_seconds = lost + state.remaining[job.id] / rate
+        state.finish[job.id] = start + used_seconds
+        state.remaining[job.id] = 0.0
+        return used_seconds
+    state.remaining[job.id] -= rate * (round_seconds - lost)
+    return round_seconds
 
 
 def _spare_round(
