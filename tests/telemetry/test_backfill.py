@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from market import clearing
 from market.errors import MarketError
 from market.models import Allocation, Backfill, Bid, Order, Reclaim
 from market.services.backfill import backfill_pool, backfill_run
@@ -139,6 +140,27 @@ def test_a_team_that_cannot_pay_sits_the_sub_round_out(world):
     report = backfill_run(now=timezone.now())
     assert report.allocations == []
     assert not Bid.objects.filter(order=order, backfill__isnull=False, status=Bid.Status.WON)
+    assert ledger_verify() == []
+
+
+def test_a_sub_round_that_cannot_clear_gives_every_bid_its_escrow_back(world, monkeypatch):
+    _owner, _allocation, other, order = world
+    before = balance_get(tenant=other)
+
+    def fails(**_):
+        raise clearing.ClearingError("the solver gave up")
+
+    monkeypatch.setattr("market.services.backfill.solve", fails)
+    report = backfill_run(now=timezone.now())
+    assert report.backfill is not None and report.allocations == []
+    backfill = Backfill.objects.get(pk=report.backfill)
+    assert backfill.diagnostics["status"] == "failed"
+    assert "the solver gave up" in backfill.diagnostics["error"]
+    assert backfill.gpus_won == 0 and backfill.revenue == 0
+    bid = Bid.objects.get(order=order, backfill=backfill)
+    assert bid.status == Bid.Status.LOST and bid.escrow == 0
+    assert balance_get(tenant=other) == before
+    assert not Allocation.objects.filter(preemptible=True).exists()
     assert ledger_verify() == []
 
 
