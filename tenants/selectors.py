@@ -3,6 +3,7 @@ staff reads (every tenant, every grant) say so in their names."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
@@ -119,3 +120,38 @@ def grants_recent(*, limit: int = 50) -> QuerySet[Transfer]:
 def tenant_names(*, ids: list[int]) -> dict[int, str]:
     """{tenant id: name} for the tenants among ``ids`` (the ids a round's record names)."""
     return dict(Tenant.objects.filter(pk__in=ids).values_list("pk", "name"))
+
+
+def ledger_transfers(
+    *,
+    tenant: Tenant,
+    kind: str | None = None,
+    reference: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> QuerySet[Transfer]:
+    """The tenant's transfers, newest first, narrowed by whichever filters are given
+    (``since`` inclusive, ``until`` exclusive)."""
+    qs = scoped(Transfer.objects.select_related("source", "destination"), tenant=tenant).order_by(
+        "-created_at", "-id"
+    )
+    if kind is not None:
+        qs = qs.filter(kind=kind)
+    if reference is not None:
+        qs = qs.filter(reference=reference)
+    if since is not None:
+        qs = qs.filter(created_at__gte=since)
+    if until is not None:
+        qs = qs.filter(created_at__lt=until)
+    return qs
+
+
+def budgets_of(*, tenant: Tenant) -> QuerySet[Budget]:
+    """Every budget of the tenant (active or not) with its campaign, by window."""
+    return scoped(Budget.objects.select_related("campaign"), tenant=tenant).order_by("window", "id")
+
+
+def notifications_of(*, tenant: Tenant, unread: bool = False) -> QuerySet[Notification]:
+    """The tenant's notifications, or only the unread ones."""
+    qs = scoped(Notification.objects, tenant=tenant)
+    return qs.filter(read_at__isnull=True) if unread else qs

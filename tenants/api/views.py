@@ -26,6 +26,7 @@ from tenants.api.serializers import (
 from tenants.budgets import budget_usage
 from tenants.ledger import balance_get
 from tenants.models import ApiToken, Budget, Campaign, Notification, Transfer
+from tenants.selectors import budgets_of, campaigns_of, ledger_transfers, notifications_of
 
 
 class MeView(APIView):
@@ -65,24 +66,13 @@ class LedgerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     serializer_class = TransferSerializer
 
     def base_queryset(self):
-        return Transfer.objects.select_related("source", "destination").order_by(
-            "-created_at", "-id"
-        )
+        return ledger_transfers(tenant=self.tenant)
 
     def get_queryset(self):
-        qs = super().get_queryset()
-        if self.action != "list":
-            return qs
+        if self.action != "list" or getattr(self, "swagger_fake_view", False):
+            return super().get_queryset()
         filters = query_filters(self.request, LedgerFilterSerializer)
-        if "kind" in filters:
-            qs = qs.filter(kind=filters["kind"])
-        if "reference" in filters:
-            qs = qs.filter(reference=filters["reference"])
-        if "since" in filters:
-            qs = qs.filter(created_at__gte=filters["since"])
-        if "until" in filters:
-            qs = qs.filter(created_at__lt=filters["until"])
-        return qs
+        return ledger_transfers(tenant=self.tenant, **filters)
 
     @extend_schema(parameters=[LedgerFilterSerializer], summary="The tenant's ledger transfers")
     def list(self, request, *args, **kwargs):
@@ -96,7 +86,7 @@ class BudgetViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     serializer_class = BudgetSerializer
 
     def base_queryset(self):
-        return Budget.objects.select_related("campaign").order_by("window", "id")
+        return budgets_of(tenant=self.tenant)
 
     def get_serializer(self, instance=None, *args, **kwargs):
         budgets = instance if isinstance(instance, list) else [instance] if instance else []
@@ -109,18 +99,22 @@ class CampaignViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
     queryset = Campaign.objects.all()
     serializer_class = CampaignSerializer
 
+    def base_queryset(self):
+        return campaigns_of(tenant=self.tenant)
+
 
 class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     queryset = Notification.objects.all()
     serializer_class = NotificationSerializer
 
+    def base_queryset(self):
+        return notifications_of(tenant=self.tenant)
+
     def get_queryset(self):
-        qs = super().get_queryset()
-        if self.action == "list" and query_filters(self.request, NotificationFilterSerializer).get(
-            "unread"
-        ):
-            qs = qs.filter(read_at__isnull=True)
-        return qs
+        if self.action != "list" or getattr(self, "swagger_fake_view", False):
+            return super().get_queryset()
+        unread = bool(query_filters(self.request, NotificationFilterSerializer).get("unread"))
+        return notifications_of(tenant=self.tenant, unread=unread)
 
     @extend_schema(parameters=[NotificationFilterSerializer], summary="The tenant's notifications")
     def list(self, request, *args, **kwargs):
