@@ -263,7 +263,7 @@ def fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
 
 def _fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
     a = market.arrays
-    N, B = a.n_tenants, a.n_bids
+    N = a.n_tenants
     values = tenant_values(market, params["values"])
     v = values[a.arc_tenant, a.arc_tier]
     budget, left_out = buyer_budgets(market)
@@ -271,14 +271,61 @@ def _fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
     held = np.bincount(a.arc_tenant, weights=v * market.floor_x, minlength=N)
     om = open_market(market)
     cols = program_arcs(market, om, v, budget)
-    x = np.zeros(a.arc_bid.size)
-    paid = np.zeros(a.n_tiers)  # the tiers' prices from the program, money per GPU
-    seconds, status = 0.0, "optimal"
-    arc_min, bid_min = np.zeros(a.arc_bid.size), np.zeros(B)
     time_limit = float(params["time_limit"])
     common = dict(
         tenant=a.bid_tenant, v=v, budget=budget, held=held, guarantee=g, time_limit=time_limit
     )
+    x, paid, seconds, status, arc_min, bid_min = _solve_with_gangs(market, om, cols, common)
+    if left_out.any():
+        x, more = _fill(market, om, x, left_out=left_out, v=v, time_limit=time_limit)
+        seconds += more
+    sold = np.bincount(a.arc_tier, weights=x, minlength=a.n_tiers) > EPS
+    prices = np.where(sold, np.maximum(a.reserve, paid), a.reserve)
+    loss, rounding_seconds = 0.0, 0.0
+    if not market.divisible:
+        x, prices, status, more, rounding_seconds, loss = _rounded(
+            market,
+            om,
+            x=x,
+            prices=prices,
+            v=v,
+            budget=budget,
+            held=held,
+            g=g,
+            arc_min=arc_min,
+            bid_min=bid_min,
+            status=status,
+            time_limit=time_limit,
+        )
+        seconds += more
+    return Outcome(
+        x=market.floor_x + x,
+        prices=prices,
+        status=status,
+        solve_seconds=seconds,
+        rounding_seconds=rounding_seconds,
+        rounding_loss=loss,
+        entitlement=budget,
+        values=values,
+        arc_value=v,
+        guarantee=g,
+        fair=fair,
+        budget_cap=np.where(np.isnan(a.budget), np.inf, a.budget),
+    )
+
+
+def _solve_with_gangs(
+    market: Market, om: OpenMarket, cols: np.ndarray, common: dict[str, Any]
+) -> tuple[np.ndarray, np.ndarray, float, str, np.ndarray, np.ndarray]:
+    """(x, paid, seconds, status, arc_min, bid_min): the program solved on ``cols``; with
+    gang bids, solved again with each gang fixed where the relaxation put it, or, when that
+    fails, without any gang bid (status "fallback")."""
+    a = market.arrays
+    B = a.n_bids
+    x = np.zeros(a.arc_bid.size)
+    paid = np.zeros(a.n_tiers)  # the tiers' prices from the program, money per GPU
+    seconds, status = 0.0, "optimal"
+    arc_min, bid_min = np.zeros(a.arc_bid.size), np.zeros(B)
     if cols.size:
         x, paid, seconds, status = _solve_eg(om, cols, arc_min=arc_min, bid_min=bid_min, **common)
         if market.is_gang.any():
@@ -301,49 +348,50 @@ def _fisher(market: Market, params: Mapping[str, Any]) -> Outcome:
                         om, cols, arc_min=arc_min, bid_min=bid_min, **common
                     )
                     seconds += more
-    if left_out.any():
-        x, more = _fill(market, om, x, left_out=left_out, v=v, time_limit=time_limit)
-        seconds += more
-    sold = np.bincount(a.arc_tier, weights=x, minlength=a.n_tiers) > EPS
-    prices = np.where(sold, np.maximum(a.reserve, paid), a.reserve)
-    loss, rounding_seconds = 0.0, 0.0
-    if not market.divisible:
-        start = time.perf_counter()
-        utility = held + np.bincount(a.arc_tenant, weights=v * x, minlength=N)
-        gang_min = np.maximum(bid_min, np.bincount(a.arc_bid, weights=arc_min, minlength=B))
-        whole, more, status = _whole(
-            market,
-            om,
-            x=x,
-            v=v,
-            budget=budget,
-            held=held,
-            target=g - held,
-            gang_min=gang_min,
-            status=status,
-            time_limit=time_limit,
-        )
-        seconds += more
-        rounded = held + np.bincount(a.arc_tenant, weights=v * whole, minlength=N)
-        loss = eg_objective(budget, utility) - eg_objective(budget, rounded)
-        x = whole
-        rounding_seconds = time.perf_counter() - start - more
-        sold = np.bincount(a.arc_tier, weights=x, minlength=a.n_tiers) > EPS
-        prices = np.where(sold, prices, a.reserve)
-    return Outcome(
-        x=market.floor_x + x,
-        prices=prices,
+    return x, paid, seconds, status, arc_min, bid_min
+
+
+def _rounded(
+    market: Market,
+    om: OpenMarket,
+    *,
+    x: np.ndarray,
+    prices: np.ndarray,
+    v: np.ndarray,
+    budget: np.ndarray,
+    held: np.ndarray,
+    g: np.ndarray,
+    arc_min: np.ndarray,
+    bid_min: np.ndarray,
+    status: str,
+    time_limit: float,
+) -> tuple[np.ndarray, np.ndarray, str, float, float, float]:
+    """(whole x, prices, status, solver seconds, rounding seconds, rounding loss): ``x``
+    rounded to whole GPUs, a tier that sells nothing then priced at its reserve."""
+    a = market.arrays
+    N, B = a.n_tenants, a.n_bids
+    start = time.perf_counter()
+    utility = held + np.bincount(a.arc_tenant, weights=v * x, minlength=N)
+    gang_min = np.maximum(bid_min, np.bincount(a.arc_bid, weights=arc_min, minlength=B))
+    whole, more, status = _whole(
+        market,
+        om,
+        x=x,
+        v=v,
+        budget=budget,
+        held=held,
+        target=g - held,
+        gang_min=gang_min,
         status=status,
-        solve_seconds=seconds,
-        rounding_seconds=rounding_seconds,
-        rounding_loss=loss,
-        entitlement=budget,
-        values=values,
-        arc_value=v,
-        guarantee=g,
-        fair=fair,
-        budget_cap=np.where(np.isnan(a.budget), np.inf, a.budget),
+        time_limit=time_limit,
     )
+    rounded = held + np.bincount(a.arc_tenant, weights=v * whole, minlength=N)
+    loss = eg_objective(budget, utility) - eg_objective(budget, rounded)
+    x = whole
+    rounding_seconds = time.perf_counter() - start - more
+    sold = np.bincount(a.arc_tier, weights=x, minlength=a.n_tiers) > EPS
+    prices = np.where(sold, prices, a.reserve)
+    return x, prices, status, more, rounding_seconds, loss
 
 
 def _fix_gangs(
