@@ -40,6 +40,21 @@ def rounds_all() -> QuerySet[Round]:
     return Round.objects.select_related("policy", "shadow_policy").order_by("-starts_at")
 
 
+def rounds_filter(
+    *, status: str | None = None, since: datetime | None = None, until: datetime | None = None
+) -> QuerySet[Round]:
+    """Rounds, newest window first, narrowed by status and by a window start in
+    [``since``, ``until``)."""
+    qs = rounds_all()
+    if status is not None:
+        qs = qs.filter(status=status)
+    if since is not None:
+        qs = qs.filter(starts_at__gte=since)
+    if until is not None:
+        qs = qs.filter(starts_at__lt=until)
+    return qs
+
+
 def rounds_recent(*, limit: int = 20) -> QuerySet[Round]:
     return rounds_all()[:limit]
 
@@ -141,6 +156,18 @@ def bids_with_limits() -> QuerySet[Bid]:
 def allocations_with_tier() -> QuerySet[Allocation]:
     """Every allocation with its tier, newest first; scope it to a tenant before use."""
     return Allocation.objects.select_related("tier").order_by("-starts_at", "-id")
+
+
+def allocations_for_tenant(
+    *, tenant: Tenant, round_id: int | None = None, status: str | None = None
+) -> QuerySet[Allocation]:
+    """The tenant's allocations with their tiers, newest first."""
+    qs = scoped(allocations_with_tier(), tenant=tenant)
+    if status is not None:
+        qs = qs.filter(status=status)
+    if round_id is not None:
+        qs = qs.filter(round_id=round_id)
+    return qs
 
 
 def bids_for_tenant(

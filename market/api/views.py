@@ -36,12 +36,16 @@ from market.forms import order_error_field
 from market.models import Allocation, Bid, Order
 from market.orders import SECONDS_PER_HOUR
 from market.selectors import (
+    allocations_for_tenant,
     allocations_with_tier,
+    bids_for_tenant,
     bids_with_limits,
     order_allocation_current,
+    orders_for_tenant,
     orders_with_limits,
     policy_active_get,
     rounds_all,
+    rounds_filter,
     rounds_open,
     tiers_all,
 )
@@ -88,17 +92,9 @@ class RoundViewSet(viewsets.ReadOnlyModelViewSet):
     pagination_class = Pagination
 
     def get_queryset(self):
-        qs = rounds_all()
         if self.action != "list":
-            return qs
-        filters = query_filters(self.request, RoundFilterSerializer)
-        if "status" in filters:
-            qs = qs.filter(status=filters["status"])
-        if "since" in filters:
-            qs = qs.filter(starts_at__gte=filters["since"])
-        if "until" in filters:
-            qs = qs.filter(starts_at__lt=filters["until"])
-        return qs
+            return rounds_all()
+        return rounds_filter(**query_filters(self.request, RoundFilterSerializer))
 
     @extend_schema(parameters=[RoundFilterSerializer], summary="Rounds, newest first")
     def list(self, request, *args, **kwargs):
@@ -157,15 +153,12 @@ class BidViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         return bids_with_limits()
 
     def get_queryset(self):
-        qs = super().get_queryset()
-        if self.action != "list":
-            return qs
+        if self.action != "list" or getattr(self, "swagger_fake_view", False):
+            return super().get_queryset()
         filters = query_filters(self.request, BidFilterSerializer)
-        if "status" in filters:
-            qs = qs.filter(status=filters["status"])
-        if "round" in filters:
-            qs = qs.filter(round_id=filters["round"])
-        return qs
+        return bids_for_tenant(
+            tenant=self.tenant, status=filters.get("status"), round_id=filters.get("round")
+        )
 
     def _answer(self, bid: Bid) -> Response:
         fresh = self.base_queryset().get(pk=bid.pk)
@@ -260,15 +253,12 @@ class AllocationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
         return allocations_with_tier()
 
     def get_queryset(self):
-        qs = super().get_queryset()
-        if self.action != "list":
-            return qs
+        if self.action != "list" or getattr(self, "swagger_fake_view", False):
+            return super().get_queryset()
         filters = query_filters(self.request, AllocationFilterSerializer)
-        if "status" in filters:
-            qs = qs.filter(status=filters["status"])
-        if "round" in filters:
-            qs = qs.filter(round_id=filters["round"])
-        return qs
+        return allocations_for_tenant(
+            tenant=self.tenant, status=filters.get("status"), round_id=filters.get("round")
+        )
 
     @extend_schema(parameters=[AllocationFilterSerializer], summary="The tenant's allocations")
     def list(self, request, *args, **kwargs):
@@ -324,13 +314,10 @@ class OrderViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
         return orders_with_limits()
 
     def get_queryset(self):
-        qs = super().get_queryset()
-        if self.action != "list":
-            return qs
+        if self.action != "list" or getattr(self, "swagger_fake_view", False):
+            return super().get_queryset()
         filters = query_filters(self.request, OrderFilterSerializer)
-        if "status" in filters:
-            qs = qs.filter(status=filters["status"])
-        return qs
+        return orders_for_tenant(tenant=self.tenant, status=filters.get("status"))
 
     def _answer(self, order: Order, code: int = status.HTTP_200_OK) -> Response:
         fresh = self.base_queryset().get(pk=order.pk)
