@@ -464,83 +464,126 @@ def _complements(p: Program, rows: _Rows, pt: Point) -> list[tuple[np.ndarray, n
 def _advance(p: Program, rows: _Rows, pt: Point, mean: float, tol: float) -> Point | None:
     """One predictor-corrector step from ``pt``, its systems solved to ``tol``; None when no
     step is possible."""
-    need, kb, kt, ki, T = rows.need, rows.kb, rows.kt, rows.ki, p.capacity.size
-    v = p.value
-    x, e = pt.x, pt.e
-    u = p.held + rows.values(x)
-    s, c = p.bid_room - rows.bids(x), p.capacity - rows.tiers(x, T)
-    z = np.where(need, u + e - p.floor, 1.0)
-    r_x = pt.mu[kb] + pt.pi[kt] - v * (p.gradient(u) + pt.lam)[ki] - pt.nu  # stationarity
-    r_e = np.where(need, rows.rho - pt.kap - pt.lam, 0.0)
-    lz = np.where(need, pt.lam / z, 0.0)
-    hee = np.where(need, pt.kap / e + lz, 1.0)
-    system = _System(
-        rows,
-        tol=tol,
-        d=pt.nu / x,
-        sig=pt.mu / s,
-        gam=pt.pi / c,
-        omega=p.curvature(u) + lz - lz**2 / hee,
-    )
-    slacks = (x, s, c, z[need], e[need])
-    duals = (pt.nu, pt.mu, pt.pi, pt.lam[need], pt.kap[need])
-
-    def direction(targets):
-        # The Newton step that moves each product slack * dual to itself + target.
-        tx, ts, tc, tz_, te_ = targets
-        tz, te = np.zeros(z.size), np.zeros(z.size)
-        tz[need], te[need] = tz_, te_
-        rhs_x = -r_x + tx / x - (ts / s)[kb] - (tc / c)[kt] + v * np.where(need, tz / z, 0)[ki]
-        rhs_e = np.where(need, -r_e + te / e + tz / z, 0.0)
-        dx = system.solve(rhs_x - v * (lz / hee * rhs_e)[ki])
-        vdx = rows.values(dx)
-        de = np.where(need, (rhs_e - lz * vdx) / hee, 0.0)
-        d_slack = (dx, -rows.bids(dx), -rows.tiers(dx, T), (vdx + de)[need], de[need])
-        d_dual = tuple(
-            (t - q * ds) / sl for t, q, ds, sl in zip(targets, duals, d_slack, slacks, strict=True)
-        )
-        return d_slack, d_dual
-
-    def longest(current, change) -> float:
-        # Every variable is positive: the longest step is 1 / the largest -change / current.
-        fall = max(
-            float(np.max(-dv / cv, initial=0.0)) for cv, dv in zip(current, change, strict=True)
-        )
-        return 1.0 if fall <= 1.0 else 1.0 / fall
-
-    def steps(d_slack, d_dual) -> tuple[float, float]:
-        """The longest steps of the primal and of the dual variables: one for both when the
-        objective is curved (its gradient moves with x), each its own for a linear one."""
-        a_p, a_d = longest(slacks, d_slack), longest(duals, d_dual)
-        return (a_p, a_d) if p.linear else (min(a_p, a_d),) * 2
-
+    newton = _Newton.at(p, rows, pt, tol)
+    slacks, duals = newton.slacks, newton.duals
     # Predictor: every product to 0. Corrector: to sigma times the mean, with the
     # predictor's second-order terms (Mehrotra).
-    d_slack, d_dual = direction([-sl * q for sl, q in zip(slacks, duals, strict=True)])
-    a_p, a_d = steps(d_slack, d_dual)
+    d_slack, d_dual = newton.direction([-sl * q for sl, q in zip(slacks, duals, strict=True)])
+    a_p, a_d = newton.steps(d_slack, d_dual)
     after = sum(
         float((sl + a_p * ds) @ (q + a_d * dq))
         for sl, q, ds, dq in zip(slacks, duals, d_slack, d_dual, strict=True)
     )
     m = sum(sl.size for sl in slacks)
     target = (after / (mean * m)) ** 3 * mean
-    d_slack, d_dual = direction(
+    d_slack, d_dual = newton.direction(
         [
             target - sl * q - ds * dq
             for sl, q, ds, dq in zip(slacks, duals, d_slack, d_dual, strict=True)
         ]
     )
-    a_p, a_d = (min(1.0, STEP_BACK * a) for a in steps(d_slack, d_dual))
+    a_p, a_d = (min(1.0, STEP_BACK * a) for a in newton.steps(d_slack, d_dual))
     if min(a_p, a_d) < 1e-8:
         return None
-    de = np.zeros(z.size)
+    return _moved(pt, newton, d_slack, d_dual, a_p, a_d)
+
+
+@dataclass(frozen=True)
+class _Newton:
+    """The Newton system of the barrier problem at a point: its residuals, its reduced
+    system and the point's (slack, dual) pairs, whose products each step moves."""
+
+    p: Program
+    rows: _Rows
+    x: np.ndarray
+    e: np.ndarray
+    s: np.ndarray
+    c: np.ndarray
+    z: np.ndarray
+    r_x: np.ndarray
+    r_e: np.ndarray
+    lz: np.ndarray
+    hee: np.ndarray
+    system: _System
+    slacks: tuple[np.ndarray, ...]
+    duals: tuple[np.ndarray, ...]
+
+    @classmethod
+    def at(cls, p: Program, rows: _Rows, pt: Point, tol: float) -> _Newton:
+        need, kb, kt, ki, T = rows.need, rows.kb, rows.kt, rows.ki, p.capacity.size
+        v = p.value
+        x, e = pt.x, pt.e
+        u = p.held + rows.values(x)
+        s, c = p.bid_room - rows.bids(x), p.capacity - rows.tiers(x, T)
+        z = np.where(need, u + e - p.floor, 1.0)
+        r_x = pt.mu[kb] + pt.pi[kt] - v * (p.gradient(u) + pt.lam)[ki] - pt.nu  # stationarity
+        r_e = np.where(need, rows.rho - pt.kap - pt.lam, 0.0)
+        lz = np.where(need, pt.lam / z, 0.0)
+        hee = np.where(need, pt.kap / e + lz, 1.0)
+        system = _System(
+            rows,
+            tol=tol,
+            d=pt.nu / x,
+            sig=pt.mu / s,
+            gam=pt.pi / c,
+            omega=p.curvature(u) + lz - lz**2 / hee,
+        )
+        slacks = (x, s, c, z[need], e[need])
+        duals = (pt.nu, pt.mu, pt.pi, pt.lam[need], pt.kap[need])
+        return cls(p, rows, x, e, s, c, z, r_x, r_e, lz, hee, system, slacks, duals)
+
+    def direction(self, targets):
+        # The Newton step that moves each product slack * dual to itself + target.
+        rows, need, x, e, s, c, z = (
+            self.rows,
+            self.rows.need,
+            self.x,
+            self.e,
+            self.s,
+            self.c,
+            self.z,
+        )
+        kb, kt, ki, T, v = rows.kb, rows.kt, rows.ki, self.p.capacity.size, self.p.value
+        lz, hee = self.lz, self.hee
+        tx, ts, tc, tz_, te_ = targets
+        tz, te = np.zeros(z.size), np.zeros(z.size)
+        tz[need], te[need] = tz_, te_
+        rhs_x = -self.r_x + tx / x - (ts / s)[kb] - (tc / c)[kt] + v * np.where(need, tz / z, 0)[ki]
+        rhs_e = np.where(need, -self.r_e + te / e + tz / z, 0.0)
+        dx = self.system.solve(rhs_x - v * (lz / hee * rhs_e)[ki])
+        vdx = rows.values(dx)
+        de = np.where(need, (rhs_e - lz * vdx) / hee, 0.0)
+        d_slack = (dx, -rows.bids(dx), -rows.tiers(dx, T), (vdx + de)[need], de[need])
+        d_dual = tuple(
+            (t - q * ds) / sl
+            for t, q, ds, sl in zip(targets, self.duals, d_slack, self.slacks, strict=True)
+        )
+        return d_slack, d_dual
+
+    def steps(self, d_slack, d_dual) -> tuple[float, float]:
+        """The longest steps of the primal and of the dual variables: one for both when the
+        objective is curved (its gradient moves with x), each its own for a linear one."""
+        a_p, a_d = _longest(self.slacks, d_slack), _longest(self.duals, d_dual)
+        return (a_p, a_d) if self.p.linear else (min(a_p, a_d),) * 2
+
+
+def _longest(current, change) -> float:
+    # Every variable is positive: the longest step is 1 / the largest -change / current.
+    fall = max(float(np.max(-dv / cv, initial=0.0)) for cv, dv in zip(current, change, strict=True))
+    return 1.0 if fall <= 1.0 else 1.0 / fall
+
+
+def _moved(pt: Point, newton: _Newton, d_slack, d_dual, a_p: float, a_d: float) -> Point:
+    """``pt`` moved a_p along the primal direction and a_d along the dual one."""
+    need = newton.rows.need
+    de = np.zeros(newton.z.size)
     de[need] = d_slack[4]
     lam, kap = pt.lam.copy(), pt.kap.copy()
     lam[need] += a_d * d_dual[3]
     kap[need] += a_d * d_dual[4]
     return Point(
-        x=x + a_p * d_slack[0],
-        e=e + a_p * de,
+        x=newton.x + a_p * d_slack[0],
+        e=newton.e + a_p * de,
         nu=pt.nu + a_d * d_dual[0],
         mu=pt.mu + a_d * d_dual[1],
         pi=pt.pi + a_d * d_dual[2],
