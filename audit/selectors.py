@@ -166,3 +166,9 @@ def tenants_in_scope(*, scope: AuditScope | None) -> QuerySet[Any]:
     if scope is not None and scope.tenant_id is not None:
         tenants = tenants.filter(pk=scope.tenant_id)
     return tenants
+
+
+def events_in_scope(*, scope: AuditScope) -> QuerySet[AuditEvent]:
+    """The events a reader with ``scope`` may open: the whole log, or the manager's team's."""
+    events = AuditEvent.objects.all()
+    return events if scope.tenant_id is None else events.filter(tenant_id=scope.tenant_id)

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 
 from audit.access import audit_scope
 from audit.models import AuditEvent
-from audit.selectors import chain_verify, events_filter
+from audit.selectors import chain_verify, events_filter, events_in_scope
 from core.api import StrictLimitOffsetPagination, query_filters
 
 
@@ -85,8 +85,7 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
             return AuditEvent.objects.none()
         scope = self._scope()
         if self.action != "list":
-            events = AuditEvent.objects.all()
-            return events if scope.tenant_id is None else events.filter(tenant_id=scope.tenant_id)
+            return events_in_scope(scope=scope)
         data = query_filters(self.request, AuditFilterSerializer)
         return events_filter(
             actor=data.get("actor", ""),
