@@ -20,7 +20,7 @@ from core.errors import DomainError
 from governance.forms import REQUEST_FORMS, DecisionForm, TeamCreditsForm
 from governance.models import ChangeRequest
 from governance.rules import rules
-from governance.selectors import requests_all, requests_of_team
+from governance.selectors import requests_decided, requests_of_team, requests_pending
 from governance.services import change_approve, change_reject, change_request
 from tenants.access import manager_tenant_of
 
@@ -35,11 +35,8 @@ def approvals_queue(request: HttpRequest) -> HttpResponse:
     status = request.GET.get("status", "")
     if status and status not in Status.values:
         status = ""
-    pending = requests_all(status=Status.PENDING).order_by("expires_at", "pk")
-    decided = (
-        requests_all(status=status) if status else requests_all().exclude(status=Status.PENDING)
-    )
-    page = Paginator(decided, PAGE_SIZE).get_page(request.GET.get("page"))
+    pending = requests_pending()
+    page = Paginator(requests_decided(status=status), PAGE_SIZE).get_page(request.GET.get("page"))
     return render(
         request,
         "governance/queue.html",
