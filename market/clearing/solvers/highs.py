@@ -107,22 +107,64 @@ def solve(
     """
     A = sp.csc_matrix(matrix)
     if A.shape[1] == 0:  # nothing to decide: feasible exactly when every row admits 0
-        if np.any(np.asarray(row_lo) > 0) or np.any(np.asarray(row_hi) < 0):
-            raise SolverError(f"{what}: the solver stopped with status 'Infeasible'")
-        return LpSolution(np.zeros(0), np.zeros(A.shape[0]), "optimal", 0.0)
+        return _without_columns(A, row_lo, row_hi, what)
     mip = integer is not None and bool(np.any(integer))
     lp = _Lp.of(cost, A, row_lo, row_hi, col_lo, col_hi, integer if mip else None)
     deadline = time.perf_counter() + float(time_limit)
-    if basis is not None and not mip and A.shape[0] > IPM_ROWS:
-        found = _from_basis(lp, basis, time_limit=START_SHARE * float(time_limit))
-        if found is not None:
-            return found
-    if start is not None and not mip:
-        found = _from_start(lp, start, time_limit=START_SHARE * float(time_limit))
+    if not mip:
+        found = _warm_started(lp, basis=basis, start=start, time_limit=float(time_limit))
         if found is not None:
             return found
     began = time.perf_counter() if start is None or mip else deadline - float(time_limit)
     ipm = not mip and A.shape[0] > IPM_ROWS
+    h, model_status = _run_to_an_end(lp, mip=mip, ipm=ipm, vertex=vertex, deadline=deadline)
+    seconds = time.perf_counter() - began
+    status = _status_of(h, model_status, mip=mip, what=what)
+    if status == "no_solution":
+        return LpSolution(np.zeros(A.shape[1]), np.zeros(A.shape[0]), status, seconds)
+    sol = h.getSolution()
+    row_dual = np.array(sol.row_dual) if sol.dual_valid else np.zeros(A.shape[0])
+    return LpSolution(
+        np.array(sol.col_value), row_dual, status, seconds, None if mip else _basis_of(h)
+    )
+
+
+def _without_columns(
+    A: sp.csc_matrix, row_lo: np.ndarray, row_hi: np.ndarray, what: str
+) -> LpSolution:
+    """The answer of an LP with no column: optimal when every row admits 0, else infeasible."""
+    if np.any(np.asarray(row_lo) > 0) or np.any(np.asarray(row_hi) < 0):
+        raise SolverError(f"{what}: the solver stopped with status 'Infeasible'")
+    return LpSolution(np.zeros(0), np.zeros(A.shape[0]), "optimal", 0.0)
+
+
+def _warm_started(
+    lp: _Lp,
+    *,
+    basis: highspy.HighsBasis | None,
+    start: tuple[np.ndarray, np.ndarray] | None,
+    time_limit: float,
+) -> LpSolution | None:
+    """A plain LP's optimal vertex from ``basis`` (past IPM_ROWS rows) or else from
+    ``start``, each in START_SHARE of the time limit; None when neither is given or ends
+    optimal."""
+    if basis is not None and lp.A.shape[0] > IPM_ROWS:
+        found = _from_basis(lp, basis, time_limit=START_SHARE * time_limit)
+        if found is not None:
+            return found
+    if start is not None:
+        found = _from_start(lp, start, time_limit=START_SHARE * time_limit)
+        if found is not None:
+            return found
+    return None
+
+
+def _run_to_an_end(
+    lp: _Lp, *, mip: bool, ipm: bool, vertex: bool, deadline: float
+) -> tuple[highspy.Highs, highspy.HighsModelStatus]:
+    """(the solver, its model status) once ``lp`` has run from nothing: for an interior
+    point without crossover that proves nothing, then crossover from its point (or a run
+    with crossover)."""
     h = _run(lp, mip=mip, ipm=ipm, crossover=vertex, deadline=deadline)
     model_status = h.getModelStatus()
     settled = (
@@ -137,27 +179,26 @@ def solve(
         if not _vertex_from(h, deadline):
             h = _run(lp, mip=mip, ipm=ipm, crossover=True, deadline=deadline)
         model_status = h.getModelStatus()
-    seconds = time.perf_counter() - began
+    return h, model_status
+
+
+def _status_of(
+    h: highspy.Highs, model_status: highspy.HighsModelStatus, *, mip: bool, what: str
+) -> str:
+    """The answer's status: optimal, or for a MIP out of time time_limit / no_solution.
+    Raises SolverError naming the solver's status otherwise."""
     has_solution = h.getInfo().primal_solution_status == 2  # 2 = feasible point held
     if model_status == highspy.HighsModelStatus.kOptimal:
-        status = "optimal"
-    elif model_status == highspy.HighsModelStatus.kTimeLimit and mip:
-        status = "time_limit" if has_solution else "no_solution"
-    else:
-        raise SolverError(
-            f"{what}: the solver stopped with status {h.modelStatusToString(model_status)!r}"
-            + (
-                "; raise params.time_limit or simplify the instance"
-                if "Time" in h.modelStatusToString(model_status)
-                else ""
-            )
+        return "optimal"
+    if model_status == highspy.HighsModelStatus.kTimeLimit and mip:
+        return "time_limit" if has_solution else "no_solution"
+    raise SolverError(
+        f"{what}: the solver stopped with status {h.modelStatusToString(model_status)!r}"
+        + (
+            "; raise params.time_limit or simplify the instance"
+            if "Time" in h.modelStatusToString(model_status)
+            else ""
         )
-    if status == "no_solution":
-        return LpSolution(np.zeros(A.shape[1]), np.zeros(A.shape[0]), status, seconds)
-    sol = h.getSolution()
-    row_dual = np.array(sol.row_dual) if sol.dual_valid else np.zeros(A.shape[0])
-    return LpSolution(
-        np.array(sol.col_value), row_dual, status, seconds, None if mip else _basis_of(h)
     )
 
 
@@ -248,38 +289,13 @@ def _from_start(
     A = lp.A
     x = np.clip(np.asarray(start[0], dtype=float), lp.col_lo, lp.col_hi)
     y = np.asarray(start[1], dtype=float)
-    cost, lower = lp.cost, lp.col_lo
+    cost = lp.cost
     weight = np.maximum(1.0, np.abs(cost))
-    # Out: a column at bound 0 that the start's duals price far out and that the start itself
-    # barely uses. (Without the second condition, a start nearer the optimum, at 3e-7 of the
-    # objective, priced out arcs carrying GPUs whose terms dwarf their value: crossover left
-    # 6,008 rows unmet and the simplex method ran out of time at 100k bids.)
-    out = (lower == 0.0) & (cost - A.T @ y < -PRICED_OUT * weight) & (x <= OUT_MASS)
+    out = _priced_out(lp, x, y, weight)
     cols = np.flatnonzero(~out)
-    # The rows the columns kept do not touch wait outside too, unless they cannot hold at 0.
-    row_lo, row_hi = lp.row_lo, lp.row_hi
-    touched = np.diff(sp.csr_matrix(A[:, cols]).indptr) > 0
-    rows = np.flatnonzero(touched | (row_lo > 0) | (row_hi < 0))
-    at = np.full(A.shape[0], -1)  # each row's place in the LP solved, -1 while outside
-    at[rows] = np.arange(rows.size)
-    # Crossover on its own does not start HiGHS's task scheduler, which every run starts, and
-    # without it crossover crashed the process: a run of a one-column LP starts it.
-    tiny = highspy.Highs()
-    tiny.setOptionValue("output_flag", False)
-    tiny.addVar(0.0, 1.0)
-    tiny.run()
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", time_limit)
-    sub = A[rows][:, cols]
-    lp.part(sub, rows, cols).into(h)
-    point = highspy.HighsSolution()
-    point.col_value, point.row_value = list(x[cols]), list(sub @ x[cols])
-    point.col_dual, point.row_dual = list(cost[cols] - sub.T @ y[rows]), list(y[rows])
-    point.value_valid = point.dual_valid = True
-    # Crossover ends with a basis even when it reports no optimum; the simplex goes on from it.
-    h.crossover(point)
-    if not h.getBasis().valid:
+    rows, at = _rows_touched(lp, cols)
+    h = _crossed_over(lp, x, y, rows, cols, time_limit=time_limit)
+    if h is None:
         return None
     # The basis crossover leaves is primal feasible (the start meets every row) and far from
     # dual feasible: the primal simplex method ends from it in a few steps where the dual
@@ -305,32 +321,99 @@ def _from_start(
             values = np.zeros(A.shape[1])
             values[cols] = sol.col_value
             return LpSolution(values, y, "optimal", time.perf_counter() - began)
-        more = sp.csc_matrix(A[:, enter])
-        new = np.unique(more.indices[at[more.indices] < 0])
-        if new.size:  # rows the joining columns touch come in first, empty
-            h.addRows(
-                new.size,
-                row_lo[new],
-                row_hi[new],
-                0,
-                np.zeros(new.size, dtype=np.int32),
-                np.zeros(0, dtype=np.int32),
-                np.zeros(0),
-            )
-            at[new] = rows.size + np.arange(new.size)
-            rows = np.r_[rows, new]
-        h.addCols(
-            enter.size,
-            cost[enter],
-            lower[enter],
-            lp.col_hi[enter],
-            more.nnz,
-            more.indptr[:-1].astype(np.int32),
-            at[more.indices].astype(np.int32),
-            more.data,
-        )
+        rows = _join(h, lp, enter, rows, at)
         cols, out[enter] = np.r_[cols, enter], False
     return None
+
+
+def _priced_out(lp: _Lp, x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """The columns left out while the simplex method runs from the start (x, y)."""
+    A, cost, lower = lp.A, lp.cost, lp.col_lo
+    # Out: a column at bound 0 that the start's duals price far out and that the start itself
+    # barely uses. (Without the second condition, a start nearer the optimum, at 3e-7 of the
+    # objective, priced out arcs carrying GPUs whose terms dwarf their value: crossover left
+    # 6,008 rows unmet and the simplex method ran out of time at 100k bids.)
+    return (lower == 0.0) & (cost - A.T @ y < -PRICED_OUT * weight) & (x <= OUT_MASS)
+
+
+def _rows_touched(lp: _Lp, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, at): the rows the LP solved keeps, and each row's place in it (-1 while
+    outside)."""
+    A = lp.A
+    # The rows the columns kept do not touch wait outside too, unless they cannot hold at 0.
+    row_lo, row_hi = lp.row_lo, lp.row_hi
+    touched = np.diff(sp.csr_matrix(A[:, cols]).indptr) > 0
+    rows = np.flatnonzero(touched | (row_lo > 0) | (row_hi < 0))
+    at = np.full(A.shape[0], -1)  # each row's place in the LP solved, -1 while outside
+    at[rows] = np.arange(rows.size)
+    return rows, at
+
+
+def _crossed_over(
+    lp: _Lp,
+    x: np.ndarray,
+    y: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    *,
+    time_limit: float,
+) -> highspy.Highs | None:
+    """A solver holding the LP of ``rows`` and ``cols`` and the basis crossover finds from
+    the start (x, y); None when crossover leaves no valid basis."""
+    A, cost = lp.A, lp.cost
+    # Crossover on its own does not start HiGHS's task scheduler, which every run starts, and
+    # without it crossover crashed the process: a run of a one-column LP starts it.
+    tiny = highspy.Highs()
+    tiny.setOptionValue("output_flag", False)
+    tiny.addVar(0.0, 1.0)
+    tiny.run()
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", time_limit)
+    sub = A[rows][:, cols]
+    lp.part(sub, rows, cols).into(h)
+    point = highspy.HighsSolution()
+    point.col_value, point.row_value = list(x[cols]), list(sub @ x[cols])
+    point.col_dual, point.row_dual = list(cost[cols] - sub.T @ y[rows]), list(y[rows])
+    point.value_valid = point.dual_valid = True
+    # Crossover ends with a basis even when it reports no optimum; the simplex goes on from it.
+    h.crossover(point)
+    if not h.getBasis().valid:
+        return None
+    return h
+
+
+def _join(
+    h: highspy.Highs, lp: _Lp, enter: np.ndarray, rows: np.ndarray, at: np.ndarray
+) -> np.ndarray:
+    """Add the columns ``enter`` to the LP ``h`` holds, after the rows they touch that are
+    outside (empty); returns the rows it then holds (``at`` updated in place)."""
+    A = lp.A
+    more = sp.csc_matrix(A[:, enter])
+    new = np.unique(more.indices[at[more.indices] < 0])
+    if new.size:  # rows the joining columns touch come in first, empty
+        h.addRows(
+            new.size,
+            lp.row_lo[new],
+            lp.row_hi[new],
+            0,
+            np.zeros(new.size, dtype=np.int32),
+            np.zeros(0, dtype=np.int32),
+            np.zeros(0),
+        )
+        at[new] = rows.size + np.arange(new.size)
+        rows = np.r_[rows, new]
+    h.addCols(
+        enter.size,
+        lp.cost[enter],
+        lp.col_lo[enter],
+        lp.col_hi[enter],
+        more.nnz,
+        more.indptr[:-1].astype(np.int32),
+        at[more.indices].astype(np.int32),
+        more.data,
+    )
+    return rows
 
 
 @dataclass(frozen=True)
