@@ -181,6 +181,11 @@ def bids_for_tenant(
     return _with_limits(qs).order_by("-created_at", "-id")
 
 
+def bids_with_allocations(*, tenant: Tenant) -> QuerySet[Bid]:
+    """The tenant's bids, newest first, each with its allocations and their tiers."""
+    return bids_for_tenant(tenant=tenant).prefetch_related("allocations__tier")
+
+
 def bid_get(*, tenant: Tenant, bid_id: object) -> Bid:
     """The tenant's bid, or Http404 (another tenant's bid looks missing)."""
     return access_object(_with_limits(Bid.objects.all()), tenant=tenant, pk=bid_id)

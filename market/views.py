@@ -43,8 +43,8 @@ from market.forms import BidForm, limit_field_name
 from market.models import Bid, PolicyVersion, Round
 from market.selectors import (
     bid_get,
-    bids_for_tenant,
     bids_why,
+    bids_with_allocations,
     budgets_active,
     campaigns_current,
     policy_active_get,
@@ -320,15 +320,11 @@ def bid_preview(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _my_bids(tenant):
-    return bids_for_tenant(tenant=tenant).prefetch_related("allocations__tier")
-
-
 @require_GET
 @login_required
 def bid_list(request: HttpRequest) -> HttpResponse:
     tenant = require_tenant(request.user)
-    page = Paginator(_my_bids(tenant), 25).get_page(request.GET.get("page"))
+    page = Paginator(bids_with_allocations(tenant=tenant), 25).get_page(request.GET.get("page"))
     page.object_list = bids_why(list(page.object_list))
     return render(request, "market/bid_list.html", {"page": page, "now": timezone.now()})
 
