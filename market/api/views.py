@@ -161,7 +161,7 @@ class BidViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         )
 
     def _answer(self, bid: Bid) -> Response:
-        fresh = self.base_queryset().get(pk=bid.pk)
+        fresh = access_object(self.base_queryset(), tenant=self.tenant, pk=bid.pk)
         return Response(BidSerializer(fresh).data)
 
     @extend_schema(parameters=[BidFilterSerializer], summary="The tenant's bids")
@@ -320,7 +320,7 @@ class OrderViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
         return orders_for_tenant(tenant=self.tenant, status=filters.get("status"))
 
     def _answer(self, order: Order, code: int = status.HTTP_200_OK) -> Response:
-        fresh = self.base_queryset().get(pk=order.pk)
+        fresh = access_object(self.base_queryset(), tenant=self.tenant, pk=order.pk)
         return Response(OrderSerializer(fresh).data, status=code)
 
     @extend_schema(parameters=[OrderFilterSerializer], summary="The tenant's standing orders")
