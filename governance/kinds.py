@@ -173,7 +173,7 @@ def _tier_prepare(payload: dict[str, Any]) -> Prepared:
 
 
 def _tier_apply(req: ChangeRequest, approver: AbstractBaseUser) -> dict[str, Any]:
-    tier = Tier.objects.select_for_update().get(pk=req.payload["tier"])
+    tier = Tier.objects.select_for_update(no_key=True).get(pk=req.payload["tier"])
     _unchanged(req, {name: getattr(tier, name) for name in TIER_GATED}, f"Tier {tier.slug}")
     changes = {name: req.payload[name] for name in TIER_GATED}
     tier_update(tier=tier, actor=approver, **changes)

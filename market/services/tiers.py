@@ -128,7 +128,7 @@ def tier_update(*, tier: Tier, actor: AbstractBaseUser | str | None, **changes: 
 def _tier_change(
     *, tier: Tier, actor: AbstractBaseUser | str | None, clean: dict[str, Any], measured: bool
 ) -> Tier:
-    locked = Tier.objects.select_for_update().get(pk=tier.pk)
+    locked = Tier.objects.select_for_update(no_key=True).get(pk=tier.pk)
     if not measured and clean.get("capacity", locked.capacity) > locked.capacity:
         raise MarketError(
             f"capacity: a tier's capacity is measured from the healthy GPUs its nodes report "

@@ -132,7 +132,7 @@ def gpus_power_cap_check(*, now: datetime | None = None) -> list[Gpu]:
     now = now or timezone.now()
     since = (now - timedelta(minutes=POWER_CAP_MINUTES)).replace(second=0, microsecond=0)
     capped = list(
-        Gpu.objects.select_for_update(of=("self",))
+        Gpu.objects.select_for_update(no_key=True, of=("self",))
         .filter(Q(tier__power_cap_w__isnull=False) | Q(over_power_cap=True))
         .select_related("tier", "node")
         .order_by("pk")

@@ -62,7 +62,11 @@ def samples_ingest(*, node: Node, payload: dict, now: datetime | None = None) ->
 def _ingest(*, node: Node, report: BatchReport, now: datetime) -> IngestResult:
     # One node's batches are applied one at a time (an agent posts in order; this also
     # serialises a retry racing its original).
-    node = Node.objects.select_for_update().select_related("tier").get(pk=node.pk)
+    node = (
+        Node.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("tier")
+        .get(pk=node.pk)
+    )
     if node.revoked_at is not None:
         raise _unauthorised(f"the token of node {node.name!r} was revoked")
     reported = {g.uuid for g in report.gpus}

@@ -56,7 +56,7 @@ def node_register(
 @transaction.atomic
 def node_token_revoke(*, node: Node, actor: AbstractBaseUser | str | None) -> Node:
     """Refuse the node's token from now on; its GPUs leave their tier's capacity."""
-    locked = Node.objects.select_for_update().get(pk=node.pk)
+    locked = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     if locked.revoked_at is not None:
         return locked
     locked.revoked_at = timezone.now()
@@ -183,7 +183,7 @@ def gpu_maintenance_set(
     service also clears the failure that took it out."""
     if not isinstance(maintenance, bool):
         raise TelemetryError(f"maintenance must be true or false, got {maintenance!r}")
-    locked = Gpu.objects.select_for_update().get(pk=gpu.pk)
+    locked = Gpu.objects.select_for_update(no_key=True).get(pk=gpu.pk)
     if locked.maintenance == maintenance:
         return locked
     before = {"maintenance": not maintenance, "failure": locked.failure}
@@ -242,7 +242,9 @@ def gpus_health_apply(
     """
     now = now or timezone.now()
     gpus = list(
-        Gpu.objects.select_for_update().filter(node=node, uuid__in=sorted(health)).order_by("pk")
+        Gpu.objects.select_for_update(no_key=True)
+        .filter(node=node, uuid__in=sorted(health))
+        .order_by("pk")
     )
     failed: list[Gpu] = []
     for gpu in gpus:

@@ -26,7 +26,7 @@ def nodes_health_check(*, now: datetime | None = None) -> list[Node]:
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.GPUMARKET_NODE_STALE_SECONDS)
     stale = list(
-        Node.objects.select_for_update()
+        Node.objects.select_for_update(no_key=True)
         .filter(healthy=True, last_seen_at__lt=cutoff)
         .order_by("pk")
     )
