@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cvxpy as cp
@@ -91,50 +91,122 @@ def _solve_eg(
 ) -> tuple[np.ndarray, np.ndarray, float, str]:
     """Arc GPUs (E,), tier prices (T,) in money per GPU, seconds, status."""
     T = om.tier_room.size
-    buyers, t_row = np.unique(tenant[om.arc_bid[cols]], return_inverse=True)
-    # The duals are per unit of the program's money, the buyers' budgets in it: a tenant
-    # with money and nothing in the program (no bid) is not in the prices.
-    money = np.where(np.isin(np.arange(budget.size), buyers), budget, 0.0).sum()
-    bids, b_row = unique_inverse(om.arc_bid[cols])
-    # Each buyer's utility in units of its own best value per GPU: log(u / s) differs from
-    # log u by a constant, so the optimum and the tier duals are the same, but utilities are
-    # about the number of GPUs won whatever the spread of values across tenants. One scale
-    # for all (the largest value) left the buyers of low value with utilities near 1e-5 and
-    # the interior point stalled on some 125k-bid programs ("insufficient progress").
-    scale = np.zeros(buyers.size)
-    np.maximum.at(scale, t_row, v[cols])
-    scale[scale <= 0] = 1.0
-    weight = budget[buyers] / budget[buyers].sum()
-    need = np.flatnonzero(guarantee[buyers] - held[buyers] > EPS)
+    k = _Layout.of(om, cols, tenant=tenant, v=v, budget=budget, held=held, guarantee=guarantee)
     start = time.perf_counter()
     if (
         cols.size >= STRUCTURED_ARCS
-        and buyers.size * T * T <= eg.MAX_BLOCK
+        and k.buyers.size * T * T <= eg.MAX_BLOCK
         and not (arc_min[cols] > 0).any()
-        and not (bid_min[bids] > 0).any()
+        and not (bid_min[k.bids] > 0).any()
         and (om.arc_capped[cols] < 0).all()
     ):
-        floor = np.zeros(buyers.size)
-        floor[need] = guarantee[buyers][need] / scale[need]
-        found = eg.solve(
-            eg.Program(
-                arc_bid=b_row,
-                arc_tier=om.arc_tier[cols],
-                value=v[cols] / scale[t_row],
-                bid_room=om.bid_room[bids],
-                bid_buyer=np.searchsorted(buyers, tenant[bids]),
-                weight=weight,
-                held=held[buyers] / scale,
-                floor=floor,
-                capacity=om.tier_room,
-            ),
-            time_limit=time_limit,
-        )
+        program = _eg_program(om, cols, k, tenant=tenant, v=v, held=held, guarantee=guarantee)
+        found = eg.solve(program, time_limit=time_limit)
         if found is not None:
             out = np.zeros(om.arc_bid.size)
             out[cols] = np.clip(found.x, 0.0, None)
-            prices = np.maximum(found.prices, 0.0) * money
+            prices = np.maximum(found.prices, 0.0) * k.money
             return out, prices, time.perf_counter() - start, "optimal"
+    x, problem, constraints, capacity = _conic_program(
+        om, cols, k, v=v, held=held, guarantee=guarantee, arc_min=arc_min, bid_min=bid_min
+    )
+    status = _solve(problem, constraints, time_limit=time_limit - (time.perf_counter() - start))
+    seconds = time.perf_counter() - start
+    out = np.zeros(om.arc_bid.size)
+    out[cols] = np.clip(x.value, 0.0, None)
+    prices = np.maximum(np.asarray(capacity.dual_value).ravel(), 0.0) * k.money
+    return out, prices, seconds, status
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The buyers and bids of the program on ``cols``: each arc's row among them, each
+    buyer's value scale and budget weight, the buyers below their guarantee, and the money
+    the prices are in."""
+
+    buyers: np.ndarray
+    t_row: np.ndarray
+    bids: np.ndarray
+    b_row: np.ndarray
+    scale: np.ndarray
+    weight: np.ndarray
+    need: np.ndarray
+    money: float
+
+    @classmethod
+    def of(
+        cls,
+        om: OpenMarket,
+        cols: np.ndarray,
+        *,
+        tenant: np.ndarray,
+        v: np.ndarray,
+        budget: np.ndarray,
+        held: np.ndarray,
+        guarantee: np.ndarray,
+    ) -> _Layout:
+        buyers, t_row = np.unique(tenant[om.arc_bid[cols]], return_inverse=True)
+        # The duals are per unit of the program's money, the buyers' budgets in it: a tenant
+        # with money and nothing in the program (no bid) is not in the prices.
+        money = np.where(np.isin(np.arange(budget.size), buyers), budget, 0.0).sum()
+        bids, b_row = unique_inverse(om.arc_bid[cols])
+        # Each buyer's utility in units of its own best value per GPU: log(u / s) differs from
+        # log u by a constant, so the optimum and the tier duals are the same, but utilities
+        # are about the number of GPUs won whatever the spread of values across tenants. One
+        # scale for all (the largest value) left the buyers of low value with utilities near
+        # 1e-5 and the interior point stalled on some 125k-bid programs ("insufficient
+        # progress").
+        scale = np.zeros(buyers.size)
+        np.maximum.at(scale, t_row, v[cols])
+        scale[scale <= 0] = 1.0
+        weight = budget[buyers] / budget[buyers].sum()
+        need = np.flatnonzero(guarantee[buyers] - held[buyers] > EPS)
+        return cls(buyers, t_row, bids, b_row, scale, weight, need, money)
+
+
+def _eg_program(
+    om: OpenMarket,
+    cols: np.ndarray,
+    k: _Layout,
+    *,
+    tenant: np.ndarray,
+    v: np.ndarray,
+    held: np.ndarray,
+    guarantee: np.ndarray,
+) -> eg.Program:
+    """The Eisenberg-Gale program on ``cols`` for the structured interior point, each
+    buyer's values in units of its scale."""
+    buyers, need, scale = k.buyers, k.need, k.scale
+    floor = np.zeros(buyers.size)
+    floor[need] = guarantee[buyers][need] / scale[need]
+    return eg.Program(
+        arc_bid=k.b_row,
+        arc_tier=om.arc_tier[cols],
+        value=v[cols] / scale[k.t_row],
+        bid_room=om.bid_room[k.bids],
+        bid_buyer=np.searchsorted(buyers, tenant[k.bids]),
+        weight=k.weight,
+        held=held[buyers] / scale,
+        floor=floor,
+        capacity=om.tier_room,
+    )
+
+
+def _conic_program(
+    om: OpenMarket,
+    cols: np.ndarray,
+    k: _Layout,
+    *,
+    v: np.ndarray,
+    held: np.ndarray,
+    guarantee: np.ndarray,
+    arc_min: np.ndarray,
+    bid_min: np.ndarray,
+) -> tuple[cp.Variable, cp.Problem, list, cp.Constraint]:
+    """(x, problem, constraints, capacity row): the Eisenberg-Gale program on ``cols`` as a
+    cvxpy problem, with the gangs' minimums, the guarantees and the capped groups."""
+    buyers, t_row, bids, b_row, scale, need = k.buyers, k.t_row, k.bids, k.b_row, k.scale, k.need
+    T = om.tier_room.size
     x = cp.Variable(cols.size, nonneg=True)
     utility = held[buyers] / scale + lp.incidence(t_row, buyers.size, v[cols] / scale[t_row]) @ x
     per_bid = lp.incidence(b_row, bids.size) @ x
@@ -153,13 +225,8 @@ def _solve_eg(
         groups, g_row = np.unique(c[c >= 0], return_inverse=True)
         in_group = lp.incidence(g_row, groups.size)
         constraints.append(in_group @ x[np.flatnonzero(c >= 0)] <= om.group_room[groups])
-    problem = cp.Problem(cp.Maximize(weight @ cp.log(utility)), constraints)
-    status = _solve(problem, constraints, time_limit=time_limit - (time.perf_counter() - start))
-    seconds = time.perf_counter() - start
-    out = np.zeros(om.arc_bid.size)
-    out[cols] = np.clip(x.value, 0.0, None)
-    prices = np.maximum(np.asarray(capacity.dual_value).ravel(), 0.0) * money
-    return out, prices, seconds, status
+    problem = cp.Problem(cp.Maximize(k.weight @ cp.log(utility)), constraints)
+    return x, problem, constraints, capacity
 
 
 def _solve(problem: cp.Problem, constraints: list, *, time_limit: float) -> str:
