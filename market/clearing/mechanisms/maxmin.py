@@ -238,7 +238,6 @@ def _settled_first(
     settled arc at its bid's bound). A settled bid those duals price otherwise joins the
     rest, which is solved again from where it ended, for SETTLE_ROUNDS rounds."""
     a = market.arrays
-    N = a.n_tenants
     bid = a.arc_bid[sk.cols]
     room = om.bid_room[bid]
     x_at, mu_at, pi_at, share_at, floor_at = _point_over_all(sk, market, start, g=g, held=held)
@@ -252,15 +251,7 @@ def _settled_first(
             sk, market, om, on, room, v=v, e=e, g=g, held=held, tau=tau
         )
         rest_bids, _ = unique_inverse(a.arc_bid[rest.cols])
-        begun = lp.Start(
-            values={"x": x_at[rest.cols]},
-            duals={
-                "capacity": pi_at,
-                "quantity": mu_at[rest_bids],
-                "share": share_at,
-                "guarantee": floor_at[still],
-            },
-        )
+        begun = _start_of_rest(rest, rest_bids, still, x_at, mu_at, pi_at, share_at, floor_at)
         left = max(time_limit - (time.perf_counter() - began), 1e-3)
         try:
             sol = rest.program.maximise(
@@ -275,19 +266,8 @@ def _settled_first(
         mu_at[rest_bids] = sol.dual("quantity")
         floor_at[:] = 0.0
         floor_at[still] = sol.dual("guarantee")
-        mu, wrong = _mispriced_settled(
-            sk,
-            market,
-            on,
-            settled,
-            v=v,
-            tol=tol,
-            counted=counted,
-            share=share_at,
-            floor=floor_at,
-            pi=pi_at,
-            N=N,
-        )
+        duals = (pi_at, share_at, floor_at)
+        mu, wrong = _mispriced_settled(sk, market, on, settled, v, tol, counted, *duals)
         if not wrong.any():
             return np.where(on, room, np.where(settled[bid], 0.0, x_at[sk.cols]))
         settled &= ~wrong
@@ -372,26 +352,46 @@ def _unsettled_program(
     return rest, still
 
 
+def _start_of_rest(
+    rest: Skeleton,
+    rest_bids: np.ndarray,
+    still: np.ndarray,
+    x_at: np.ndarray,
+    mu_at: np.ndarray,
+    pi_at: np.ndarray,
+    share_at: np.ndarray,
+    floor_at: np.ndarray,
+) -> lp.Start:
+    """The point kept over every arc and row, cut to the LP of the rest's columns and rows."""
+    return lp.Start(
+        values={"x": x_at[rest.cols]},
+        duals={
+            "capacity": pi_at,
+            "quantity": mu_at[rest_bids],
+            "share": share_at,
+            "guarantee": floor_at[still],
+        },
+    )
+
+
 def _mispriced_settled(
     sk: Skeleton,
     market: Market,
     on: np.ndarray,
     settled: np.ndarray,
-    *,
     v: np.ndarray,
     tol: np.ndarray,
     counted: np.ndarray,
+    pi: np.ndarray,
     share: np.ndarray,
     floor: np.ndarray,
-    pi: np.ndarray,
-    N: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(mu over bids, wrong over bids): each settled bid's price mu_b = (1 + lambda_i) v_e
     - pi_t on its arc, and the settled bids it does not hold for (another arc above it, or
     mu_b < 0)."""
     a = market.arrays
     bid = a.arc_bid[sk.cols]
-    lam = np.zeros(N)
+    lam = np.zeros(a.n_tenants)
     lam[counted] -= share  # a >= row of a maximisation: its dual is <= 0
     lam -= floor
     gain = (1.0 + lam[a.arc_tenant]) * v - pi[a.arc_tier]
