@@ -29,11 +29,11 @@ def _migrate(target) -> None:
 
 
 def _latest() -> list[tuple[str, str]]:
-    """The audit app's last migration: what every other test runs on. Going back to BEFORE
-    unapplies every later one (0004's function with it), so the schema is left there, not
-    at AFTER."""
-    graph = MigrationExecutor(connection).loader.graph
-    return [node for node in graph.leaf_nodes() if node[0] == "audit"]
+    """Every app's last migration: what every other test runs on. Going back to BEFORE
+    unapplies every later audit migration and every migration of another app that depends
+    on one (market's one-call bid function needs the chain head's), so all of them are
+    applied again, not only audit's."""
+    return MigrationExecutor(connection).loader.graph.leaf_nodes()
 
 
 def _unkeyed_log(n: int, *, tamper_seq: int | None = None) -> None:
