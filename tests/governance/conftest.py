@@ -30,8 +30,9 @@ class World:
 
 def auditor_user(username: str = "auditor"):
     user = get_user_model().objects.create_user(username=username, password="pw-audit-123")
-    # The group comes from governance's migration, as on a real installation.
-    user.groups.add(Group.objects.get(name="auditor"))
+    # The group comes from governance's migration, as on a real installation; a test run
+    # with real transactions (workers, live servers) flushes the tables, the group with them.
+    user.groups.add(Group.objects.get_or_create(name="auditor")[0])
     return user
 
 
