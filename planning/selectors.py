@@ -2,8 +2,38 @@
 
 from __future__ import annotations
 
+from django.db.models import QuerySet
+
+from market.models import Tier
+from planning.models import PlannedCampaign, Scenario
+from tenants.access import access_object, scoped
 from tenants.ledger import credits
 from tenants.models import Budget, Tenant
+
+
+def planned_campaigns_of(tenant: Tenant) -> QuerySet[PlannedCampaign]:
+    """A team's declared campaigns with their tiers."""
+    return scoped(
+        PlannedCampaign.objects.select_related("tenant").prefetch_related("tiers"), tenant=tenant
+    )
+
+
+def planned_campaign_get(tenant: Tenant, pk: object) -> PlannedCampaign:
+    """One of the team's declared campaigns (404 for another team's)."""
+    return access_object(
+        PlannedCampaign.objects.select_related("tenant").prefetch_related("tiers"),
+        tenant=tenant,
+        pk=pk,
+    )
+
+
+def tier_slugs_active() -> list[str]:
+    return list(Tier.objects.filter(active=True).order_by("slug").values_list("slug", flat=True))
+
+
+def scenarios_recent(limit: int = 50) -> QuerySet[Scenario]:
+    return Scenario.objects.all()[:limit]
+
 
 _WINDOW_NAMES = {"day": "daily", "week": "weekly", "month": "monthly"}
 

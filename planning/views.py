@@ -14,11 +14,15 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from core.auth import staff_required
 from core.charts import figure_html
 from core.errors import DomainError
-from market.models import Tier
 from planning import charts
 from planning.forms import PlannedCampaignForm, ScenarioForm
-from planning.models import PlannedCampaign, Scenario
-from planning.selectors import scenario_spend_rows
+from planning.models import Scenario
+from planning.selectors import (
+    planned_campaigns_of,
+    scenario_spend_rows,
+    scenarios_recent,
+    tier_slugs_active,
+)
 from planning.services.campaigns import planned_campaign_declare, planned_campaign_withdraw
 from planning.services.scenarios import scenario_create
 from tenants.access import require_tenant
@@ -29,7 +33,7 @@ def _campaigns_page(request, tenant, *, form=None, status=200):
         request,
         "planning/campaigns.html",
         {
-            "campaigns": PlannedCampaign.objects.filter(tenant=tenant).prefetch_related("tiers"),
+            "campaigns": planned_campaigns_of(tenant),
             "form": form or PlannedCampaignForm(),
             "is_manager": request.user.membership.is_manager,
         },
@@ -90,8 +94,7 @@ def example_document() -> dict:
     """A starting scenario on the platform's own tiers: 8 more GPUs on the first tier, and an
     option of each kind to price against on every tier (a plan must cover each tier's demand,
     so an example pricing one tier only fails as soon as another is short)."""
-    slugs = list(Tier.objects.filter(active=True).order_by("slug").values_list("slug", flat=True))
-    slugs = slugs or ["a100"]
+    slugs = tier_slugs_active() or ["a100"]
     options: list[dict] = []
     for slug in slugs:
         options += [
@@ -144,7 +147,7 @@ def scenarios(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "planning/scenarios.html",
-        {"form": form, "scenarios": Scenario.objects.all()[:50]},
+        {"form": form, "scenarios": scenarios_recent()},
         status=400 if request.method == "POST" else 200,
     )
 

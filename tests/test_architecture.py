@@ -157,3 +157,44 @@ def test_every_url_prefix_is_named():
         and f"`{p.rstrip('/').rsplit('/', 1)[-1]}`" not in DOC
     ]
     assert not missing, f"URL prefixes not in docs/architecture.md: {missing}"
+
+
+def _view_modules() -> list[Path]:
+    return sorted(
+        path
+        for app in LAYERS
+        for path in (ROOT / app).rglob("*.py")
+        if path.name in {"views.py", "staff_views.py"} or path.name.endswith("_views.py")
+    )
+
+
+def test_views_read_through_selectors():
+    """A view's only query of its own is the lookup of one row by its key
+    (``get_object_or_404``, ``access_object``); a DRF ``queryset`` attribute or
+    ``base_queryset`` is a definition the framework scopes; ``.none()`` reads nothing. Every
+    list, filter or join is a named selector."""
+    assert _view_modules(), "found no view module: the search is wrong"
+    wrong = []
+    for path in _view_modules():
+        tree = ast.parse(path.read_text())
+        allowed: set[int] = set()
+        for node in ast.walk(tree):
+            lookup = isinstance(node, ast.Call) and getattr(node.func, "id", None) in {
+                "get_object_or_404",
+                "access_object",
+            }
+            definition = (
+                isinstance(node, ast.Assign)
+                and any(getattr(t, "id", None) == "queryset" for t in node.targets)
+            ) or (isinstance(node, ast.FunctionDef) and node.name == "base_queryset")
+            if lookup or definition:
+                allowed |= {id(sub) for sub in ast.walk(node)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                target = node.func.value
+                on_manager = isinstance(target, ast.Attribute) and target.attr == "objects"
+                if on_manager and node.func.attr != "none" and id(target) not in allowed:
+                    wrong.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno} .objects.{node.func.attr}"
+                    )
+    assert not wrong, "queries in views (move them into the app's selectors):\n" + "\n".join(wrong)

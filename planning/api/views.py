@@ -19,6 +19,7 @@ from planning.api.serializers import (
 )
 from planning.errors import PlanningError
 from planning.models import PlannedCampaign, Scenario
+from planning.selectors import planned_campaign_get
 from planning.services.campaigns import planned_campaign_declare, planned_campaign_withdraw
 from planning.services.scenarios import scenario_create
 from tenants.api.base import TenantScopedViewSet
@@ -59,7 +60,7 @@ class PlannedCampaignViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, T
             )
         except PlanningError as exc:
             raise Refused(str(exc)) from exc
-        fresh = self.base_queryset().get(pk=campaign.pk)
+        fresh = planned_campaign_get(self.tenant, campaign.pk)
         return Response(PlannedCampaignSerializer(fresh).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={200: PlannedCampaignSerializer},
@@ -69,7 +70,9 @@ class PlannedCampaignViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, T
         campaign = self.get_object()
         self._manager()
         planned_campaign_withdraw(tenant=self.tenant, actor=request.user, campaign_id=campaign.pk)
-        return Response(PlannedCampaignSerializer(self.base_queryset().get(pk=campaign.pk)).data)
+        return Response(
+            PlannedCampaignSerializer(planned_campaign_get(self.tenant, campaign.pk)).data
+        )
 
 
 class ScenarioViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
