@@ -16,7 +16,7 @@ from market.forecast_selectors import demand_on_tier
 from market.foresight import Foresight, foresee
 from market.models import Allocation, Bid, BidLimit, Order, OrderLimit, PolicyVersion, Round, Tier
 from tenants.access import access_object, scoped
-from tenants.models import Budget, Campaign, Tenant, Transfer
+from tenants.models import Campaign, Tenant, Transfer
 
 CLEARED = (Round.Status.CLEARED, Round.Status.SETTLED, Round.Status.FINISHED)
 
@@ -245,12 +245,6 @@ def tenant_charges(*, tenant: Tenant, limit: int = 50) -> QuerySet[Transfer]:
         scoped(Transfer.objects, tenant=tenant)
         .filter(kind__in=list(SPEND_SIGN))
         .select_related("campaign")[:limit]
-    )
-
-
-def budgets_active(*, tenant: Tenant) -> list[Budget]:
-    return list(
-        scoped(Budget.objects.filter(active=True), tenant=tenant).select_related("campaign")
     )
 
 

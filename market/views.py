@@ -45,7 +45,6 @@ from market.selectors import (
     bid_get,
     bids_why,
     bids_with_allocations,
-    budgets_active,
     campaigns_current,
     policy_active_get,
     round_demand,
@@ -62,6 +61,7 @@ from tenants.access import access_object, require_tenant
 from tenants.budgets import budget_usage, budgets_applicable
 from tenants.ledger import balance_get, credits
 from tenants.models import Budget
+from tenants.selectors import budgets_active
 
 PRICE_HISTORY_ROUNDS = 48
 # The forecast looks at up to four seasons (days) of rounds, at most a week of 5-minute rounds,
@@ -437,7 +437,7 @@ def spend(request: HttpRequest) -> HttpResponse:
     start = min(month_start, week_start)
     days = [start + timedelta(days=i) for i in range((today - start).days + 1)]
     per_day = tenant_spend_by_day(tenant=tenant, since=start)
-    budgets = budgets_active(tenant=tenant)
+    budgets = list(budgets_active(tenant=tenant))
     caps = {b.window: b.cap for b in budgets if b.campaign_id is None}
     periods = [SpendPeriod("This month", "Monthly cap", month_start, caps.get(Budget.Window.MONTH))]
     if Budget.Window.WEEK in caps:
