@@ -221,6 +221,28 @@ def bid_place(
     escrow = bid_escrow(quantity=terms.quantity, limits=terms.limits, seconds=window_seconds(rnd))
     hold_accounts_lock(tenant=tenant)  # the budget read below stays as read until the commit
     _budget_or_refuse(tenant=tenant, amount=escrow, campaign=campaign, now=now)
+    bid, created = _bid_row(
+        user=user, tenant=tenant, rnd=rnd, terms=terms, escrow=escrow, campaign=campaign,
+        key=key, note=note,
+    )  # fmt: skip
+    if created:
+        _bid_held_and_recorded(bid=bid, user=user, tenant=tenant, terms=terms, campaign=campaign)
+    return bid
+
+
+def _bid_row(
+    *,
+    user: AbstractBaseUser,
+    tenant: Tenant,
+    rnd: Round,
+    terms: _Terms,
+    escrow: int,
+    campaign: Campaign | None,
+    key: str,
+    note: str,
+) -> Bid:
+    """(the bid's new row, True), or (the bid of the request that raced in with the same
+    key, False)."""
     try:
         # The savepoint is only for the race on an idempotency key (handled below); without
         # a key an IntegrityError is a bug and rolls the whole bid back.
@@ -241,23 +263,31 @@ def bid_place(
             raise
         # The same key raced in from another request; that one owns the bid.
         previous = Bid.objects.get(tenant=tenant, idempotency_key=key)
-        return _same_bid_or_refuse(
-            previous, terms=terms, round_id=round_id, key=key, campaign=campaign, note=note
+        raced = _same_bid_or_refuse(
+            previous, terms=terms, round_id=rnd.pk, key=key, campaign=campaign, note=note
         )
+        return raced, False
+    return bid, True
+
+
+def _bid_held_and_recorded(
+    *, bid: Bid, user: AbstractBaseUser, tenant: Tenant, terms: _Terms, campaign: Campaign | None
+) -> None:
+    """The bid's limits, its escrow hold and its event; the hold's ledger event and the
+    bid's event go into the chain in one append."""
     BidLimit.objects.bulk_create(
         [
             BidLimit(bid=bid, tier=terms.tiers[slug], price=price)
             for slug, price in terms.limits.items()
         ]
     )
-    # The hold's ledger event and the bid's event go into the chain in one append.
     with audit.batch():
         _ledger(
             credits_hold,
             tenant=tenant,
-            amount=escrow,
+            amount=bid.escrow,
             actor=user,
-            reason=f"escrow for bid {bid.pk} in round {rnd.pk}",
+            reason=f"escrow for bid {bid.pk} in round {bid.round_id}",
             reference=f"bid:{bid.pk}",
             campaign=campaign,
         )
@@ -268,7 +298,6 @@ def bid_place(
             tenant=tenant,
             after=_snapshot(bid, terms.limits),
         )
-    return bid
 
 
 _PLACE_SQL = (
