@@ -164,11 +164,37 @@ def clear_arrays(
     a = arrays
     x = outcome.x if divisible else np.rint(outcome.x)
     x = np.where(x > EPS, x, 0.0)  # solver dust is neither allocated nor charged
+    awards, charges, spend = _awards_and_charges(a, outcome, x, divisible=divisible)
+    diagnostics = _diagnostics(
+        a, market, outcome, x, mechanism=mechanism, divisible=divisible, spend=spend
+    )
+    total = time.perf_counter() - start
+    solve, rounding = outcome.solve_seconds, outcome.rounding_seconds
+    diagnostics.update(
+        build_seconds=total - solve - rounding,
+        solve_seconds=solve,
+        rounding_seconds=rounding,
+        total_seconds=total,
+    )
+    return Result(
+        awards=awards,
+        prices=dict(zip(a.tier_names, outcome.prices.tolist(), strict=True)),
+        charges=charges,
+        spend=diagnostics["spend"],
+        diagnostics=diagnostics,
+    )
+
+
+def _awards_and_charges(
+    a: Arrays, outcome: Any, x: np.ndarray, *, divisible: bool
+) -> tuple[Awards, dict[str, float], np.ndarray]:
+    """The GPUs won per (bid, tier), each winner's charge at min(price, limit), and each
+    tenant's spend, never above a fisher budget (a tenant over it pays its budget, shared
+    across its GPUs)."""
     price_arc = np.minimum(outcome.prices[a.arc_tier], a.arc_price)
     charge_arc = x * price_arc
     spend = np.bincount(a.arc_tenant, weights=charge_arc, minlength=a.n_tenants).astype(float)
     if outcome.budget_cap is not None:
-        # Never above a budget: a tenant over it pays its budget, shared across its GPUs.
         cap = outcome.budget_cap
         factor = np.minimum(1.0, np.divide(cap, spend, out=np.ones_like(spend), where=spend > 0))
         charge_arc = charge_arc * factor[a.arc_tenant]
@@ -184,7 +210,21 @@ def clear_arrays(
     )
     winners = np.unique(a.arc_bid[won])
     charges = dict(zip([a.bid_ids[b] for b in winners], charge_bid[winners].tolist(), strict=True))
+    return awards, charges, spend
 
+
+def _diagnostics(
+    a: Arrays,
+    market: Any,
+    outcome: Any,
+    x: np.ndarray,
+    *,
+    mechanism: str,
+    divisible: bool,
+    spend: np.ndarray,
+) -> dict[str, Any]:
+    """Welfare, utilisation, fairness (Jain's index and the least share ratio over the
+    tenants with a fair share), guarantees unmet, envy, rounding loss and spend."""
     bundles = tenant_matrix(market, x)
     utility = np.bincount(a.arc_tenant, weights=outcome.arc_value * x, minlength=a.n_tenants)
     counted = outcome.fair > EPS
@@ -193,8 +233,7 @@ def clear_arrays(
     unmet = utility[owed] < outcome.guarantee[owed] * (1.0 - 1e-6)
     used = np.bincount(a.arc_tier, weights=x, minlength=a.n_tiers)
     utilisation = np.divide(used, a.capacity, out=np.zeros(a.n_tiers), where=a.capacity > 0)
-    solve, rounding = outcome.solve_seconds, outcome.rounding_seconds
-    diagnostics: dict[str, Any] = {
+    return {
         "mechanism": mechanism,
         "status": outcome.status,
         "divisible": divisible,
@@ -213,17 +252,3 @@ def clear_arrays(
         "rounding_loss": float(outcome.rounding_loss),
         "spend": dict(zip(a.tenant_names, spend.tolist(), strict=True)),
     }
-    total = time.perf_counter() - start
-    diagnostics.update(
-        build_seconds=total - solve - rounding,
-        solve_seconds=solve,
-        rounding_seconds=rounding,
-        total_seconds=total,
-    )
-    return Result(
-        awards=awards,
-        prices=dict(zip(a.tier_names, outcome.prices.tolist(), strict=True)),
-        charges=charges,
-        spend=diagnostics["spend"],
-        diagnostics=diagnostics,
-    )
