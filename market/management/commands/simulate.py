@@ -194,6 +194,12 @@ class Command(BaseCommand):
             default=0,
             help="progress a gang loses each time it is stopped or moved (default 0: the papers' setting)",
         )
+        self._idle_arguments(parser)
+        self._output_arguments(parser)
+
+    @staticmethod
+    def _idle_arguments(parser: CommandParser) -> None:
+        """Idle GPUs within a window: how busy jobs are, idle reclaim and backfill."""
         parser.add_argument(
             "--utilisation",
             type=float,
@@ -222,6 +228,10 @@ class Command(BaseCommand):
             default=None,
             help="offer unsold and reclaimed GPUs in sub-rounds this many minutes apart",
         )
+
+    @staticmethod
+    def _output_arguments(parser: CommandParser) -> None:
+        """What is printed and written, and the replay of past rounds instead of a trace."""
         parser.add_argument(
             "--format",
             choices=FORMATS,
@@ -270,36 +280,10 @@ class Command(BaseCommand):
         )
         tiers = _tiers(options["tiers"])
         tenants = _tenants(options["tenants"])
-        try:
-            jobs = trace_load(
-                trace,
-                throughputs=throughputs_load(throughputs_path),
-                gpu_types=list(tiers),
-                tenants="jobs" if tenants == "jobs" else int(tenants),
-                seed=options["seed"],
-                max_jobs=options["max_jobs"],
-            )
-            config = SimConfig(
-                tiers=tiers,
-                tenants=len(jobs) if tenants == "jobs" else int(tenants),
-                round_minutes=options["round_minutes"],
-                max_rounds=options["rounds"],
-                job_model=options["job_model"],
-                half_life_hours=options["half_life_hours"],
-                restart_seconds=options["restart_seconds"],
-                utilisation=options["utilisation"],
-                idle_stretch=options["idle_stretch"],
-                idle_reclaim=_idle_policy(options["idle_reclaim"]),
-                backfill_minutes=options["backfill_minutes"],
-            )
-            config.validate()
-            results = []
-            with _native_stdout_to_stderr():
-                for name in policies:
-                    self.stderr.write(f"simulating {len(jobs)} jobs under {name} ...")
-                    results.append(simulate(jobs, policy=name, config=config))
-        except SimulationError as exc:
-            raise _bad(str(exc)) from exc
+        jobs, config, results = self._run(
+            options, trace=trace, throughputs_path=throughputs_path, tiers=tiers, tenants=tenants,
+            policies=policies,
+        )  # fmt: skip
         summaries = [summarise(r) for r in results]
         out = Path(options["out"] or Path(settings.VAR_DIR) / "simulations" / trace.stem)
         who = (
@@ -332,6 +316,49 @@ class Command(BaseCommand):
                 f"(policy {s.solve_seconds:.1f} s), {s.preemptions_total} preemptions"
             )
         self.stdout.write(f"report: {paths['html']}  table: {paths['markdown']}")
+
+    def _run(
+        self,
+        options: dict[str, Any],
+        *,
+        trace: Path,
+        throughputs_path: Path,
+        tiers: dict[str, int],
+        tenants: str | int,
+        policies: list[str],
+    ) -> tuple[list, SimConfig, list]:
+        """The trace's jobs, the configuration, and one simulation per policy."""
+        try:
+            jobs = trace_load(
+                trace,
+                throughputs=throughputs_load(throughputs_path),
+                gpu_types=list(tiers),
+                tenants="jobs" if tenants == "jobs" else int(tenants),
+                seed=options["seed"],
+                max_jobs=options["max_jobs"],
+            )
+            config = SimConfig(
+                tiers=tiers,
+                tenants=len(jobs) if tenants == "jobs" else int(tenants),
+                round_minutes=options["round_minutes"],
+                max_rounds=options["rounds"],
+                job_model=options["job_model"],
+                half_life_hours=options["half_life_hours"],
+                restart_seconds=options["restart_seconds"],
+                utilisation=options["utilisation"],
+                idle_stretch=options["idle_stretch"],
+                idle_reclaim=_idle_policy(options["idle_reclaim"]),
+                backfill_minutes=options["backfill_minutes"],
+            )
+            config.validate()
+            results = []
+            with _native_stdout_to_stderr():
+                for name in policies:
+                    self.stderr.write(f"simulating {len(jobs)} jobs under {name} ...")
+                    results.append(simulate(jobs, policy=name, config=config))
+        except SimulationError as exc:
+            raise _bad(str(exc)) from exc
+        return jobs, config, results
 
     def _from_rounds(self, options: dict[str, Any]) -> None:
         from market.models import PolicyVersion
