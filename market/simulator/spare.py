@@ -33,7 +33,7 @@ simulator).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from market import clearing
@@ -256,14 +256,48 @@ def play_window(
 ) -> tuple[list[Holding], dict[int, int]]:
     """The holdings of one window (its round's winners ``placed``, then what the sub-rounds
     award) with the jobs advanced in ``state`` (the engine's), and each tenant's spend."""
-    window = config.round_minutes * 60.0
-    policy: IdlePolicy | None = config.idle_reclaim
-    refund_pct = policy.refund_pct if policy is not None else 0
+    played = _Window(config=config, state=state, start=start)
     by_id = {job.id: job for job in active}
-    holdings: list[Holding] = []
-    spend: dict[int, int] = {}
+    for job_id, gpu_type in placed.items():
+        played.run(by_id[job_id], gpu_type, 0.0, prices.get(gpu_type, 0.0), backfill=False)
+    if config.backfill_minutes is None or mechanism is None:
+        return played.holdings, played.spend
+    for at in subround_times(
+        window_seconds=played.window, every_seconds=config.backfill_minutes * 60
+    ):
+        won, sub_prices = _subround(played, active=active, at=at, mechanism=mechanism)
+        for job_id, gpu_type in sorted(won.items()):
+            played.run(by_id[job_id], gpu_type, at, sub_prices.get(gpu_type, 0.0), backfill=True)
+    for holding in played.holdings:
+        if holding.backfill and holding.finish is None:
+            # Preemptible terms: its work is stopped when the window ends.
+            state.preemptions[holding.job] = state.preemptions.get(holding.job, 0) + 1
+            state.restarting.add(holding.job)
+    return played.holdings, played.spend
 
-    def run(job: Job, gpu_type: str, at: float, price: float, *, backfill: bool) -> None:
+
+@dataclass
+class _Window:
+    """One window being played: its holdings so far and each tenant's spend."""
+
+    config: Any
+    state: Any
+    start: float
+    holdings: list[Holding] = field(default_factory=list)
+    spend: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def window(self) -> float:
+        return self.config.round_minutes * 60.0
+
+    @property
+    def policy(self) -> IdlePolicy | None:
+        return self.config.idle_reclaim
+
+    def run(self, job: Job, gpu_type: str, at: float, price: float, *, backfill: bool) -> None:
+        """Give ``job`` its gang of ``gpu_type`` from ``at``: its holding, its progress (less
+        a restart it owes), and its charge at min(price, limit) less refunds."""
+        config, state = self.config, self.state
         lost = 0.0
         if job.id in state.restarting:
             state.restarting.discard(job.id)
@@ -275,61 +309,57 @@ def play_window(
             gpu_type=gpu_type,
             gpus=job.scale,
             start=at,
-            window=window,
+            window=self.window,
             utilisation=job.utilisation if job.utilisation is not None else config.utilisation,
             idle_stretch=config.idle_stretch,
             need_seconds=state.remaining[job.id] / rate,
             lost_seconds=lost,
-            policy=policy,
+            policy=self.policy,
             backfill=backfill,
         )
-        holdings.append(holding)
-        state.first_run.setdefault(job.id, start + at)
+        self.holdings.append(holding)
+        state.first_run.setdefault(job.id, self.start + at)
         if holding.finish is not None:
-            state.finish[job.id] = start + holding.finish
+            state.finish[job.id] = self.start + holding.finish
             state.remaining[job.id] = 0.0
         else:
             state.remaining[job.id] -= rate * holding.progress_seconds
         limit = state.limits[job.id][gpu_type]
+        refund_pct = self.policy.refund_pct if self.policy is not None else 0
         charge = holding_charge(
-            holding, price=min(price, limit), window=window, refund_pct=refund_pct
+            holding, price=min(price, limit), window=self.window, refund_pct=refund_pct
         )
         if charge:
             state.spend[job.id] += charge
-            spend[job.tenant] = spend.get(job.tenant, 0) + charge
+            self.spend[job.tenant] = self.spend.get(job.tenant, 0) + charge
         state.usage[job.tenant] = state.usage.get(job.tenant, 0.0) + (
             holding.gpus * holding.busy_seconds
         )
 
-    for job_id, gpu_type in placed.items():
-        run(by_id[job_id], gpu_type, 0.0, prices.get(gpu_type, 0.0), backfill=False)
-    if config.backfill_minutes is None or mechanism is None:
-        return holdings, spend
-    for at in subround_times(window_seconds=window, every_seconds=config.backfill_minutes * 60):
-        pool = {
-            t: n - sum(h.gpus for h in holdings if h.gpu_type == t and h.holds(at, window))
-            for t, n in config.tiers.items()
-        }
-        holding_jobs = {h.job for h in holdings}
-        waiting = [j for j in active if j.id not in holding_jobs and j.id not in state.finish]
-        if not waiting or not any(pool.values()):
-            continue
-        won, sub_prices = subround_awards(
-            waiting=waiting,
-            pool=pool,
-            tiers=config.tiers,
-            seconds=window - at,
-            mechanism=mechanism,
-            reserve=dict(config.reserve),
-            max_share_pct=dict(config.max_share_pct),
-            weights=config.weights or tuple([1] * config.tenants),
-            params=dict(config.params),
-        )
-        for job_id, gpu_type in sorted(won.items()):
-            run(by_id[job_id], gpu_type, at, sub_prices.get(gpu_type, 0.0), backfill=True)
-    for holding in holdings:
-        if holding.backfill and holding.finish is None:
-            # Preemptible terms: its work is stopped when the window ends.
-            state.preemptions[holding.job] = state.preemptions.get(holding.job, 0) + 1
-            state.restarting.add(holding.job)
-    return holdings, spend
+
+def _subround(
+    played: _Window, *, active: list[Job], at: float, mechanism: str
+) -> tuple[dict[int, str], dict[str, float]]:
+    """The sub-round at ``at``: the GPUs no holding has then, offered to the jobs that hold
+    none in the window and still have work; nothing when either is missing."""
+    config, state = played.config, played.state
+    pool = {
+        t: n
+        - sum(h.gpus for h in played.holdings if h.gpu_type == t and h.holds(at, played.window))
+        for t, n in config.tiers.items()
+    }
+    holding_jobs = {h.job for h in played.holdings}
+    waiting = [j for j in active if j.id not in holding_jobs and j.id not in state.finish]
+    if not waiting or not any(pool.values()):
+        return {}, {}
+    return subround_awards(
+        waiting=waiting,
+        pool=pool,
+        tiers=config.tiers,
+        seconds=played.window - at,
+        mechanism=mechanism,
+        reserve=dict(config.reserve),
+        max_share_pct=dict(config.max_share_pct),
+        weights=config.weights or tuple([1] * config.tenants),
+        params=dict(config.params),
+    )
