@@ -357,8 +357,8 @@ def _place_in_one_call(
         return None
     quantity, min_quantity, clean = terms
     stamp = timezone.now()
-    budgets_checked = False
     with connection.cursor() as cursor:
+        budgets_checked = False
         while True:
             cursor.execute(
                 _PLACE_SQL,
@@ -391,26 +391,40 @@ def _place_in_one_call(
         updated_at=stamp,
     )
     bid._state.adding, bid._state.db = False, connection.alias
-    # The same two events as credits_hold's and the reference path's, in the same order.
-    with audit.batch(head=(head_seq, head_hash)):
+    _placed_recorded(bid, user=user, tenant=tenant, clean=clean, transfer_id=transfer_id,
+                     head=(head_seq, head_hash))  # fmt: skip
+    return bid
+
+
+def _placed_recorded(
+    bid: Bid,
+    *,
+    user: AbstractBaseUser,
+    tenant: Tenant,
+    clean: dict[str, int],
+    transfer_id: int,
+    head: tuple[int, str],
+) -> None:
+    """The same two events as credits_hold's and the reference path's, in the same order,
+    appended onto the chain's ``head`` the one call read."""
+    with audit.batch(head=head):
         audit.record(
             actor=user,
             action=f"ledger.{Transfer.Kind.HOLD}",
             target=Transfer(pk=transfer_id),
             tenant=tenant,
             after={
-                "amount": escrow,
+                "amount": bid.escrow,
                 "from": f"{tenant.slug}:{Account.Kind.AVAILABLE}",
                 "to": f"{tenant.slug}:{Account.Kind.ESCROW}",
-                "reference": f"bid:{bid_id}",
-                "reason": f"escrow for bid {bid_id} in round {round_id}",
+                "reference": f"bid:{bid.pk}",
+                "reason": f"escrow for bid {bid.pk} in round {bid.round_id}",
                 "campaign": bid.campaign_id,
             },
         )
         audit.record(
             actor=user, action="bid.place", target=bid, tenant=tenant, after=_snapshot(bid, clean)
         )
-    return bid
 
 
 def _same_bid_or_refuse(
