@@ -367,7 +367,9 @@ CELERY_BEAT_SCHEDULE = {
     "approvals-expire": {"task": "governance.approvals_expire", "schedule": 300.0},
     "alerts-digest": {
         "task": "alerts.digest",
-        "schedule": float(os.environ.get("GPUMARKET_ALERT_DIGEST_SECONDS", "60")),
+        # The tick asks for a digest after each settled round; this backstop sends the
+        # notices written outside a round's settlement (approvals, budgets, failures).
+        "schedule": float(os.environ.get("GPUMARKET_ALERT_DIGEST_SECONDS", "300")),
     },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")

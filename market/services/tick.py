@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from celery import current_app
 from django.conf import settings
 
 from market.errors import MarketError, RoundBusy
@@ -91,6 +92,8 @@ def rounds_tick(*, now: datetime | None = None) -> TickReport:
         except Exception as exc:  # noqa: BLE001 - isolate one round; it stays due and is retried
             logger.exception("round %s: processing failed; the next tick retries it", round_id)
             report.errors[round_id] = f"{type(exc).__name__}: {exc}"
+    if Round.Status.SETTLED in report.processed.values():
+        _digest_request()
     try:
         report.open_round = round_open_next(now=now, wait=False).pk
     except RoundBusy:
@@ -113,3 +116,16 @@ def rounds_tick(*, now: datetime | None = None) -> TickReport:
         round_finish(round_id=round_id, now=now)
         report.finished.append(round_id)
     return report
+
+
+# The alerts app (above the market) gathers the notices a settlement wrote into one digest
+# per recipient: asked for once per tick that settled a round, so a round's results go out
+# as one message each, not one per notice (beat runs the same task as a backstop).
+ALERTS_DIGEST_TASK = "alerts.digest"
+
+
+def _digest_request() -> None:
+    try:
+        current_app.send_task(ALERTS_DIGEST_TASK)
+    except Exception as exc:  # noqa: BLE001 - beat's digest sends the notices a little later
+        logger.warning("could not request the alerts digest now (%s); beat's run sends it", exc)

@@ -195,18 +195,24 @@ def test_shadow_policy_is_cleared_side_by_side_and_never_touches_the_ledger(mark
     _assert_settled_ledger(rnd)
 
 
-def test_the_tick_opens_clears_settles_and_finishes(market, team):
+def test_the_tick_opens_clears_settles_and_finishes(market, team, sent_tasks):
     _bid(team, market, quantity=1, limits={"a100": 2000})
     report = rounds_tick(now=market.after_close())
     assert report.processed == {market.round.pk: "settled"} and not report.errors
+    # The round's results go out as one alerts digest, asked for once by the tick.
+    assert sent_tasks.of("alerts.digest") == [[]]
     nxt = Round.objects.get(pk=report.open_round)
     assert nxt.status == "open" and nxt.starts_at == market.round.ends_at
     # Within the preemption grace the round stays settled: enforcement is still stopping work.
     grace = timedelta(seconds=settings.GPUMARKET_PREEMPT_GRACE_SECONDS)
     report = rounds_tick(now=market.round.ends_at + timedelta(seconds=1))
     assert market.round.pk not in report.finished
+    settled_again = "settled" in report.processed.values()  # the next round, when due
     report = rounds_tick(now=market.round.ends_at + grace + timedelta(seconds=1))
     assert market.round.pk in report.finished
+    # One digest per tick that settled a round, none for a tick that only finished one.
+    settled_again += "settled" in report.processed.values()
+    assert sent_tasks.of("alerts.digest") == [[]] * (1 + settled_again)
     assert set(Allocation.objects.filter(round=market.round).values_list("status", flat=True)) == {
         "finished"
     }
