@@ -33,6 +33,7 @@ simulator).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -162,13 +163,15 @@ def holding_charge(holding: Holding, *, price: float, window: float, refund_pct:
     A round's winner pays for the GPU-time it holds up to its work's end (the simulator's
     rule); a backfill award pays the platform's ``backfill_charge`` for the time left. A
     reclaim before the work's end refunds ``reclaim_refund`` per GPU."""
-    whole = round(price)
+    whole = math.floor(price)  # milli-credits are whole; a fraction is never charged
     if holding.backfill:
         charge = backfill_charge(
             gpus=holding.gpus, price=whole, limit=whole, seconds=round(window - holding.start)
         )
     else:
         until = holding.finish if holding.finish is not None else window
+        # The simulator's round rule (engine.py), so a window with no idle time charges as
+        # a round does.
         charge = round(price * holding.gpus * (until - holding.start) / 3600.0)
     reclaimed = holding.reclaimed_at
     if reclaimed is not None and (holding.backfill or holding.finish is None):
@@ -241,7 +244,8 @@ def subround_awards(
     for allocation in result.allocations:
         if allocation.gpus > 0:
             won[int(allocation.bid[1:])] = allocation.tier
-    return won, {t: float(p) * MILLI for t, p in result.prices.items()}
+    # Milli-credits per GPU-hour, rounded down, as the platform prices a round.
+    return won, {t: math.floor(float(p) * MILLI) for t, p in result.prices.items()}
 
 
 def play_window(
