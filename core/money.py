@@ -4,6 +4,19 @@ pages, CSVs and messages show credits with three decimals."""
 from __future__ import annotations
 
 MILLI = 1000
+SECONDS_PER_HOUR = 3600
+
+
+def cost_ceil(*, gpus: int, price: int, seconds: int) -> int:
+    """gpus x price (milli-credits per GPU-hour) x seconds/3600, rounded UP: an escrow, so a
+    hold always covers the exact cost."""
+    return -(-(gpus * price * seconds) // SECONDS_PER_HOUR)
+
+
+def cost_floor(*, gpus: int, price: int, seconds: int) -> int:
+    """The same product rounded DOWN: a charge or refund, so the sum of a winner's charges over
+    several tiers never exceeds its escrow and a sub-milli-credit remainder favours the buyer."""
+    return (gpus * price * seconds) // SECONDS_PER_HOUR
 
 
 def credits(amount: int) -> str:

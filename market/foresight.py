@@ -20,8 +20,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-SECONDS_PER_HOUR = 3600
-
 
 @dataclass(frozen=True)
 class Foresight:

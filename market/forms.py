@@ -14,9 +14,9 @@ from typing import Any
 
 from django import forms
 
+from core.money import SECONDS_PER_HOUR
 from market.errors import MarketError
 from market.models import Tier
-from market.orders import SECONDS_PER_HOUR
 from market.services.tiers import (
     POWER_CAP_MAX_W,
     POWER_CAP_MIN_W,

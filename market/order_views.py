@@ -20,9 +20,9 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from core.confirm import confirm_page, confirmed
 from core.errors import DomainError
+from core.money import SECONDS_PER_HOUR
 from market.forms import OrderForm, value_field_name
 from market.models import Order
-from market.orders import SECONDS_PER_HOUR
 from market.selectors import (
     campaigns_current,
     order_bids,

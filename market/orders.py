@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-SECONDS_PER_HOUR = 3600
+from core.money import SECONDS_PER_HOUR, cost_ceil
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,6 @@ class NoBid:
 
     reason: str
     ends: str = ""  # "" (it bids again next round), "done" or "exhausted"
-
-
-def cost_ceil(*, gpus: int, price: int, seconds: int) -> int:
-    """gpus x price (per GPU-hour) x seconds, rounded up: what a hold must cover."""
-    return -(-(gpus * price * seconds) // SECONDS_PER_HOUR)
 
 
 def restart_value(*, value: int, restart_seconds: int, window_seconds: int) -> int:

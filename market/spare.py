@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-from market.orders import SECONDS_PER_HOUR, cost_ceil
+from core.money import cost_ceil, cost_floor
 
 # The idle scan (beat, ``telemetry.idle_reclaim``) looks at every placed GPU once a minute.
 IDLE_SCAN_SECONDS = 60
@@ -44,11 +44,6 @@ class IdlePolicy:
         """Whether a notice given with ``seconds_left`` of the window left can end in a
         reclaim: the grace must run out before the window does."""
         return self.grace_minutes * 60 < seconds_left
-
-
-def cost_floor(*, gpus: int, price: int, seconds: int) -> int:
-    """gpus x price (per GPU-hour) x seconds, rounded down: what a charge or refund is."""
-    return (gpus * price * seconds) // SECONDS_PER_HOUR
 
 
 def reclaim_refund(*, price: int, unused_seconds: int, refund_pct: int, room: int) -> int:

@@ -7,9 +7,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api import MAX_ID, StrictCharField, StrictFloatField, StrictIntegerField
+from core.money import SECONDS_PER_HOUR
 from market.energy import kwh
 from market.models import Allocation, Bid, Order, PolicyVersion, Round, Tier
-from market.orders import SECONDS_PER_HOUR
 from market.selectors import order_foresight
 from market.services._common import MAX_GPUS, MAX_PRICE
 from market.services.launch import ready_commands

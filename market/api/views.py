@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from core.api import JSONParser, query_filters
 from core.errors import DomainError
+from core.money import SECONDS_PER_HOUR
 from market.api.serializers import (
     AllocationFilterSerializer,
     AllocationSerializer,
@@ -34,7 +35,6 @@ from market.api.serializers import (
 from market.errors import RoundMissing
 from market.forms import order_error_field
 from market.models import Allocation, Bid, Order
-from market.orders import SECONDS_PER_HOUR
 from market.selectors import (
     allocations_for_tenant,
     allocations_with_tier,

@@ -14,7 +14,6 @@ from market.errors import MarketError, RoundBusy
 from market.models import Bid, Round
 from tenants.models import Campaign, Notification, Tenant
 
-SECONDS_PER_HOUR = 3600
 # Milli-credits per GPU-hour. A million credits per GPU-hour is far above any real price and
 # keeps quantity x price x seconds well inside 64-bit integers.
 MAX_PRICE = 10**9
@@ -39,18 +38,6 @@ def whole(value: Any, *, field: str, minimum: int, maximum: int) -> int:
     if value > maximum:
         raise MarketError(f"{field} must be at most {maximum}, got {value}")
     return value
-
-
-def cost_ceil(*, gpus: int, price: int, seconds: int) -> int:
-    """gpus x price (milli-credits per GPU-hour) x seconds/3600, rounded UP: used for escrow,
-    so a hold always covers the exact cost."""
-    return -(-(gpus * price * seconds) // SECONDS_PER_HOUR)
-
-
-def cost_floor(*, gpus: int, price: int, seconds: int) -> int:
-    """The same product rounded DOWN: used for charges, so the sum of a winner's charges over
-    several tiers can never exceed its escrow and a sub-milli-credit remainder favours the buyer."""
-    return (gpus * price * seconds) // SECONDS_PER_HOUR
 
 
 def round_notices_send(

@@ -21,9 +21,10 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 import audit.services as audit
+from core.money import cost_ceil
 from market.errors import MarketError, RoundMissing
 from market.models import Bid, BidLimit, Round, Tier
-from market.services._common import MAX_GPUS, MAX_PRICE, cost_ceil, now_or, whole
+from market.services._common import MAX_GPUS, MAX_PRICE, now_or, whole
 from tenants.access import access_object, membership_of
 from tenants.budgets import budget_check
 from tenants.errors import TenantError

@@ -18,13 +18,14 @@ import numpy as np
 from django.db import transaction
 
 import audit.services as audit
+from core.money import cost_floor
 from core.rows import rows_read
 from market import clearing
 from market.clearing.instance.inputs import MAX_AMOUNT, Arrays
 from market.diagnostics import JAIN, UTILISATION, diagnostic, jain_counting_left_out
 from market.errors import MarketError
 from market.models import Bid, BidLimit, PolicyVersion, Round, Tier
-from market.services._common import cost_floor, now_or, round_locked
+from market.services._common import now_or, round_locked
 from market.services.bids import window_seconds
 from market.services.partitioned import clear_in_parts, partition_parts
 from market.services.placement import placement_misfits

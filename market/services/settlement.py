@@ -14,12 +14,13 @@ from django.conf import settings
 from django.db import transaction
 
 import audit.services as audit
+from core.money import cost_floor
 from core.rows import rows_insert, rows_update
 from market.energy import JOULES_PER_KWH
 from market.errors import MarketError
 from market.models import Allocation, Bid, BidLimit, Round, Tier
 from market.outcomes import RoundFacts, bid_reason
-from market.services._common import bids_locked, cost_floor, now_or, round_locked
+from market.services._common import bids_locked, now_or, round_locked
 from market.services.bids import window_seconds
 from market.services.orders.settling import orders_settle
 from market.services.placement import as_json, round_placement

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from core.money import cost_ceil
 from market.errors import MarketError
 from market.models import Order, Tier
 from market.placement.inventory import tier_gpus
-from market.services._common import MAX_GPUS, MAX_PRICE, cost_ceil, whole
+from market.services._common import MAX_GPUS, MAX_PRICE, whole
 from market.services.bids import tiers_on_offer
 from market.services.policy import policy_active
 from tenants.ledger import credits
