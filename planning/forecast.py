@@ -109,9 +109,10 @@ def _season(n: int, day: int) -> tuple[str, int]:
 
 def _naive(y: np.ndarray, horizon: int, period: int) -> np.ndarray:
     """The last ``period`` rounds repeated; the last round when the history is shorter."""
-    period = min(period, len(y))
-    last = y[-period:]
-    return np.resize(last, horizon) if period else np.zeros(horizon)
+    if not len(y):
+        return np.zeros(horizon)
+    last = y[-period:] if len(y) >= period else y[-1:]
+    return np.resize(last, horizon)
 
 
 def _damped(y: np.ndarray, horizon: int) -> np.ndarray:

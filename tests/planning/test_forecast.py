@@ -162,3 +162,12 @@ def test_the_choice_is_made_at_the_horizons_plans_use():
     tie = {ETS: {"1 week": 9.0}, SEASONAL_NAIVE: {"1 week": 9.0}}
     assert choose_model(_scores(tie)) == SEASONAL_NAIVE
     assert choose_model([]) == SEASONAL_NAIVE
+
+
+def test_shorter_than_a_day_the_seasonal_naive_rule_repeats_the_last_round():
+    # Five hourly rounds are not a day: there is no "same round a day earlier" to copy, and
+    # repeating the five as if they were a season would invent a 5-hour cycle.
+    history = [1.0, 2.0, 3.0, 4.0, 5.0]
+    ahead = model_forecast(SEASONAL_NAIVE, history, horizon=7, day=DAY)
+    assert ahead.tolist() == [5.0] * 7
+    assert demand_forecast(history, horizon=7, rounds_per_day=DAY).p50 == (5.0,) * 7
