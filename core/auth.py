@@ -26,7 +26,8 @@ def staff_required(view: Callable) -> Callable:
 _AUDITOR_CACHE = "_gpumarket_is_auditor"
 
 
-def _auditor_group() -> str:
+def auditor_group() -> str:
+    """The name of the group whose members are auditors."""
     from django.conf import settings
 
     return getattr(settings, "GPUMARKET_AUDITOR_GROUP", "auditor")
@@ -40,22 +41,14 @@ def is_auditor(user) -> bool:
         return False
     cached = getattr(user, _AUDITOR_CACHE, None)
     if cached is None:
-        cached = user.groups.filter(name=_auditor_group()).exists()
+        cached = user.groups.filter(name=auditor_group()).exists()
         setattr(user, _AUDITOR_CACHE, cached)
     return cached
 
 
-def auditor_exists(user_field: str):
-    """An ``Exists`` that answers ``is_auditor`` inside a query that already reads the user
-    (the API token lookup), so the check costs no statement of its own."""
-    from django.contrib.auth.models import Group
-    from django.db.models import Exists, OuterRef
-
-    return Exists(Group.objects.filter(name=_auditor_group(), user=OuterRef(user_field)))
-
-
 def auditor_known(user, value: bool) -> None:
-    """Record on ``user`` what ``auditor_exists`` answered, for ``is_auditor``."""
+    """Record on ``user`` whether it is an auditor, read with another query (the API token
+    lookup), for ``is_auditor``."""
     setattr(user, _AUDITOR_CACHE, bool(value))
 
 

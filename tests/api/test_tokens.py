@@ -10,9 +10,16 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
+from core.auth import is_auditor
 from tenants.errors import TenantError
-from tenants.models import ApiToken
-from tenants.services.tokens import MAX_ACTIVE_TOKENS, token_create, token_revoke
+from tenants.models import ApiToken, Membership
+from tenants.services import member_remove, member_role_set
+from tenants.services.tokens import (
+    MAX_ACTIVE_TOKENS,
+    token_authenticate,
+    token_create,
+    token_revoke,
+)
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -138,3 +145,63 @@ def test_last_used_is_recorded(member):
     bearer(issued.secret).get("/api/v1/me")
     issued.token.refresh_from_db()
     assert issued.token.last_used_at is not None
+
+
+def test_a_token_acts_in_its_users_team_with_the_role_it_has_now(member, django_assert_num_queries):
+    issued = token_create(user=member, name="box")
+    api = bearer(issued.secret)
+    api.get("/api/v1/me")  # the first use records last_used_at
+    with django_assert_num_queries(1):  # token, user, team and role in one statement
+        me = api.get("/api/v1/me").json()
+    assert (me["username"], me["role"]) == (member.username, Membership.Role.RESEARCHER)
+    assert me["tenant"]["slug"] == member.membership.tenant.slug
+    manager = factories.member(tenant=member.membership.tenant, role=Membership.Role.MANAGER)
+    member_role_set(
+        tenant=member.membership.tenant,
+        username=member.username,
+        role=Membership.Role.MANAGER,
+        actor=manager,
+    )
+    assert api.get("/api/v1/me").json()["role"] == Membership.Role.MANAGER
+
+
+def test_a_member_taken_off_the_team_is_refused_on_the_next_request(member):
+    manager = factories.member(tenant=member.membership.tenant, role=Membership.Role.MANAGER)
+    api = bearer(token_create(user=member, name="box").secret)
+    assert api.get("/api/v1/balance").status_code == 200
+    member_remove(tenant=member.membership.tenant, username=member.username, actor=manager)
+    refused = api.get("/api/v1/balance")
+    assert refused.status_code == 401
+    assert "disabled" in refused.json()["error"]["message"]
+
+
+def test_an_active_account_without_a_team_has_no_tenant_data(member):
+    api = bearer(token_create(user=member, name="box").secret)
+    Membership.objects.filter(user=member).delete()
+    me = api.get("/api/v1/me")
+    assert me.status_code == 200
+    assert (me.json()["tenant"], me.json()["role"]) == (None, None)
+    assert api.get("/api/v1/balance").status_code == 403
+
+
+def test_the_token_lookup_reads_the_rows_the_orm_reads(member, django_assert_num_queries):
+    issued = token_create(user=member, name="box")
+    with django_assert_num_queries(2):  # the lookup, and last_used_at on first use
+        token = token_authenticate(raw=issued.secret)
+    with django_assert_num_queries(0):  # everything the API reads came with the token
+        got = [token, token.user, token.user.membership, token.user.membership.tenant]
+        assert token.user.membership.user is token.user
+        assert is_auditor(token.user) is False
+    expected = [
+        ApiToken.objects.get(pk=token.pk),
+        type(member).objects.get(pk=member.pk),
+        Membership.objects.get(user=member),
+        member.membership.tenant,
+    ]
+    pairs = zip(got, expected, strict=True)
+    for got, expected in pairs:
+        fields = type(expected)._meta.concrete_fields
+        assert [getattr(got, f.attname) for f in fields] == [
+            getattr(expected, f.attname) for f in fields
+        ]
+        assert got._state.adding is False
