@@ -7,8 +7,11 @@ is the one it typically bid there (the service passes the median of its recent l
 high-priority campaign bids half as much again, a low-priority one three quarters. Bids are
 divisible (min 0): the replay asks what capacity does to prices and unmet demand, not how
 gangs pack. Fractional GPUs are carried to the tenant's next round so no demand is lost to
-rounding. The round is then cleared by ``market.clearing.clear`` with the active policy's
-mechanism and priced by the same rounding the market uses (``tier_price``).
+rounding. Each bid holds the escrow a bid placed by hand would (its GPUs at its limit for the
+round), each tenant bids with its own weight, and the round is cleared by the market's one
+replay of a clearing, ``market.services.round_clearing.round_replay``, under the active
+policy with the scenario's reserves and share caps: the same instance, solver, reserved
+quotas, checks and price rounding as a real round and its shadow.
 
 Expected wait for a job of ``job_gpus`` GPUs on a tier, in rounds: with demand D and capacity
 C in a round, a waiting job is served in a round with probability p = min(1, C / D) (the share
@@ -23,8 +26,12 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from market import clearing
-from market.services.round_clearing import tier_price
+import numpy as np
+
+from core.money import cost_ceil
+from market.clearing import ClearingError
+from market.models import PolicyVersion
+from market.services.round_clearing import RoundData, round_replay
 from planning.demand import TierDemand
 
 PRIORITY_PRICE = {1: 0.75, 2: 1.0, 3: 1.5}
@@ -49,6 +56,14 @@ class Bidders:
     shares: Mapping[str, float]
     limits: Mapping[str, int]
     default_limit: int
+
+
+@dataclass(frozen=True)
+class Team:
+    """A bidding tenant as the clearing knows it: its id and entitlement weight."""
+
+    pk: int
+    weight: int
 
 
 @dataclass
@@ -86,27 +101,17 @@ def _limit(bidders: Bidders, tenant: str, priority: int = 2) -> int:
     return max(1, int(base * PRIORITY_PRICE.get(priority, 1.0)))
 
 
-def round_reserved_quotas(
-    reserved_quotas: Mapping[str, Mapping[str, float]] | str | None,
-    *,
-    tenants: set[str],
-    tiers: set[str],
-) -> Mapping[str, Mapping[str, float]] | str:
-    """The policy's reserved quotas for one replayed round: "by_weight" as is, a table kept to
-    the round's bidding tenants and the scenario's tiers (the clearing refuses names it does
-    not hold)."""
-    if not reserved_quotas:
-        return {}
-    if isinstance(reserved_quotas, str):
-        return reserved_quotas
-    return {
-        tenant: {tier: gpus for tier, gpus in row.items() if tier in tiers}
-        for tenant, row in reserved_quotas.items()
-        if tenant in tenants and isinstance(row, Mapping)
-    }
+@dataclass(frozen=True)
+class _Ask:
+    """One replayed bid: whole GPUs a tenant asks for on a tier at its limit."""
+
+    tenant: str
+    tier: str
+    gpus: int
+    limit: int  # milli-credits per GPU-hour
 
 
-def _round_bids(
+def _round_asks(
     r: int,
     *,
     tiers: Sequence[ReplayTier],
@@ -114,10 +119,10 @@ def _round_bids(
     bidders: Mapping[str, Bidders],
     priorities: Mapping[tuple[str, str], int],
     carry: dict[tuple[str, str], float],
-) -> tuple[list[clearing.Bid], dict[str, float]]:
+) -> tuple[list[_Ask], dict[str, float]]:
     """Round ``r``'s bids (one per tenant and tier, whole GPUs, fractions carried) and the
     GPUs asked for per tier."""
-    bids: list[clearing.Bid] = []
+    asks: list[_Ask] = []
     asked: dict[str, float] = {}
     for tier in tiers:
         want: dict[str, float] = defaultdict(float)
@@ -135,15 +140,59 @@ def _round_bids(
             if whole < 1:
                 continue
             price = _limit(bidders[tier.slug], tenant, priorities.get((tenant, tier.slug), 2))
-            bids.append(
-                clearing.Bid(
-                    id=f"{tier.slug}:{tenant}",
-                    tenant=tenant,
-                    quantity=whole,
-                    limits={tier.slug: price},
-                )
-            )
-    return bids, asked
+            asks.append(_Ask(tenant=tenant, tier=tier.slug, gpus=whole, limit=price))
+    return asks, asked
+
+
+def _round_data(
+    asks: Sequence[_Ask], *, tiers: Sequence[ReplayTier], teams: Mapping[str, Team], seconds: int
+) -> RoundData:
+    """The replayed round as the market reads one (``round_data``): the asks as divisible
+    bids, each holding the escrow a bid placed by hand would hold."""
+    slugs = [t.slug for t in tiers]
+    limits = np.zeros((len(asks), len(slugs)), dtype=np.int64)
+    limits[np.arange(len(asks)), [slugs.index(a.tier) for a in asks]] = [a.limit for a in asks]
+    return RoundData(
+        bid_ids=np.arange(1, len(asks) + 1, dtype=np.int64),
+        tenant_ids=np.array([teams[a.tenant].pk for a in asks], dtype=np.int64),
+        quantity=np.array([a.gpus for a in asks], dtype=np.int64),
+        min_quantity=np.zeros(len(asks), dtype=np.int64),
+        escrow=np.array(
+            [cost_ceil(gpus=a.gpus, price=a.limit, seconds=seconds) for a in asks], dtype=np.int64
+        ),
+        limits=limits,
+        tier_slugs=slugs,
+        capacity=np.array([t.capacity for t in tiers], dtype=np.int64),
+        tenant_weights={team.pk: team.weight for team in teams.values()},
+        seconds=seconds,
+    )
+
+
+def replay_policy(policy: PolicyVersion | None, tiers: Sequence[ReplayTier]) -> PolicyVersion:
+    """The policy a replay clears under: the active one's mechanism and parameters (welfare
+    without one), with the scenario's reserves and share caps. Not saved."""
+    return PolicyVersion(
+        number=policy.number if policy else 0,
+        mechanism=policy.mechanism if policy else PolicyVersion.Mechanism.WELFARE,
+        params=dict(policy.params or {}) if policy else {},
+        reserve_prices={t.slug: t.reserve for t in tiers},
+        max_share_pct={t.slug: t.max_share_pct for t in tiers},
+    )
+
+
+def _teams(
+    teams: Mapping[str, Team] | None,
+    bidders: Mapping[str, Bidders],
+    demand: Mapping[str, TierDemand],
+) -> dict[str, Team]:
+    """Every tenant that may bid, with its id and weight; without ``teams`` (no database)
+    each gets an id of its own and weight 1."""
+    named = set(teams or {})
+    named |= {tenant for b in bidders.values() for tenant in b.shares}
+    named |= {tenant for d in demand.values() for row in d.campaigns for tenant in row}
+    known = dict(teams or {})
+    spare = iter(range(max((t.pk for t in known.values()), default=0) + 1, 1 << 62))
+    return {name: known.get(name) or Team(pk=next(spare), weight=1) for name in sorted(named)}
 
 
 def replay(
@@ -151,19 +200,19 @@ def replay(
     tiers: Sequence[ReplayTier],
     demand: Mapping[str, TierDemand],
     bidders: Mapping[str, Bidders],
+    teams: Mapping[str, Team] | None = None,
     priorities: Mapping[tuple[str, str], int] | None = None,
-    mechanism: str = "welfare",
-    params: Mapping | None = None,
-    reserved_quotas: Mapping[str, Mapping[str, float]] | str | None = None,
+    policy: PolicyVersion | None = None,
     round_hours: float,
     stride: int = 1,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
-    """Clear every ``stride``-th future round of ``demand`` with ``tiers``.
+    """Clear every ``stride``-th future round of ``demand`` with ``tiers``, each by the
+    market's own ``round_replay`` under ``replay_policy(policy, tiers)``.
 
-    ``priorities`` maps (tenant, tier) to the highest priority of that tenant's campaigns on
-    the tier; ``reserved_quotas`` is the policy's parameter of that name. Raises clearing.ClearingError
-    if the solver does."""
+    ``teams`` maps tenant slugs to their ids and weights; ``priorities`` maps (tenant, tier)
+    to the highest priority of that tenant's campaigns on the tier. Raises
+    clearing.ClearingError if the solver does."""
     horizon = min(len(d.starts_at) for d in demand.values()) if demand else 0
     indices = list(range(0, horizon, max(1, stride)))
     result = ReplayResult(
@@ -172,54 +221,33 @@ def replay(
         weight=max(1, stride),
         round_hours=round_hours,
     )
+    cleared_under = replay_policy(policy, tiers)
+    everyone = _teams(teams, bidders, demand)
+    seconds = int(round(round_hours * 3600))
     carry: dict[tuple[str, str], float] = defaultdict(float)
     spend: dict[str, float] = defaultdict(float)
-    solver_tiers = tuple(
-        clearing.Tier(
-            name=t.slug,
-            capacity=t.capacity,
-            reserve_price=t.reserve,
-            max_share=max(t.max_share_pct, 1) / 100,
-        )
-        for t in tiers
-    )
-    reserves = {t.slug: t.reserve for t in tiers}
     for done, r in enumerate(indices, start=1):
-        bids, asked = _round_bids(
+        asks, asked = _round_asks(
             r, tiers=tiers, demand=demand, bidders=bidders, priorities=priorities or {},
             carry=carry,
         )  # fmt: skip
-        allocated: dict[str, int] = defaultdict(int)
-        prices = dict(reserves)
-        if bids:
-            tenants = {b.tenant for b in bids}
-            instance = clearing.Instance(
-                tiers=solver_tiers,
-                tenants=tuple(clearing.Tenant(name=t) for t in sorted(tenants)),
-                bids=tuple(bids),
-                reserved_quotas=round_reserved_quotas(
-                    reserved_quotas, tenants=tenants, tiers=set(reserves)
-                ),
-            )
-            cleared = clearing.clear(instance, mechanism=mechanism, params=params or None)
-            prices = {
-                slug: tier_price(float(cleared.prices.get(slug, 0.0)), reserve=reserves[slug])
-                for slug in reserves
-            }
-            limit_of = {b.id: next(iter(b.limits.values())) for b in bids}
-            tenant_of = {b.id: b.tenant for b in bids}
-            for a in cleared.allocations:
-                gpus = int(round(a.gpus))
-                allocated[a.tier] += gpus
-                paid = min(prices[a.tier], int(limit_of[a.bid]))
-                spend[tenant_of[a.bid]] += gpus * paid * round_hours * result.weight
+        outcome = round_replay(
+            data=_round_data(asks, tiers=tiers, teams=everyone, seconds=seconds),
+            policy=cleared_under,
+        )
+        if "error" in outcome:
+            raise ClearingError(outcome["error"])
+        for bid_id, slug, gpus in outcome["awards"]:
+            ask = asks[bid_id - 1]
+            paid = min(outcome["prices"][slug], ask.limit)
+            spend[ask.tenant] += gpus * paid * round_hours * result.weight
         for tier in tiers:
             result.tiers[tier.slug].append(
                 TierRound(
                     demand=asked[tier.slug],
                     capacity=tier.capacity,
-                    allocated=allocated[tier.slug],
-                    price=prices[tier.slug],
+                    allocated=outcome["allocated"][tier.slug],
+                    price=outcome["prices"][tier.slug],
                 )
             )
         if progress is not None:

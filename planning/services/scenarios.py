@@ -25,14 +25,12 @@ from django.utils import timezone
 
 import audit.services as audit
 from market import clearing
+from market.forecast import HORIZON_DAYS, SEASONAL_NAIVE
 from market.forecast_selectors import TierHistory, tier_demand_history
 from market.models import Bid, BidLimit, PolicyVersion, Tier
 from market.selectors import policy_active_get
-from market.services.policy import PLATFORM_PARAMS
-from market.services.round_clearing import RESERVED_QUOTAS_PARAM
 from planning.demand import CampaignLoad, TierDemand, tier_demand
 from planning.errors import PlanningError
-from planning.forecast import HORIZON_DAYS, SEASONAL_NAIVE
 from planning.models import PlannedCampaign, Scenario
 from planning.recommend import (
     RecommendError,
@@ -41,9 +39,10 @@ from planning.recommend import (
     recommend,
     tradeoff_curve,
 )
-from planning.replay import Bidders, ReplayResult, ReplayTier, replay, weekly
+from planning.replay import Bidders, ReplayResult, ReplayTier, Team, replay, weekly
 from planning.scenario import ScenarioDoc, ScenarioError, scenario_parse
 from telemetry.models import SampleMinute
+from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +177,14 @@ def _bidders(slugs: list[str], rounds: list[int]) -> dict[str, Bidders]:
     return out
 
 
+def _teams() -> dict[str, Team]:
+    """Every tenant by slug with its id and weight, as the replay's bidders."""
+    return {
+        slug: Team(pk=pk, weight=weight)
+        for slug, pk, weight in Tenant.objects.values_list("slug", "pk", "weight")
+    }
+
+
 def _power_kw(slugs: list[str], now: datetime) -> dict[str, float]:
     """Mean metered draw of one GPU of each tier over the last week, kW (0 with no data)."""
     rows = (
@@ -239,8 +246,6 @@ class _Setting:
     policy: PolicyVersion | None
     round_minutes: int
     mechanism: str
-    params: dict[str, Any]
-    reserved_quotas: Mapping[str, Mapping[str, float]] | str | None
     rounds_per_day: int
     horizon: int  # future rounds
     stride: int
@@ -255,23 +260,15 @@ class _Setting:
 
 
 def _setting(doc: ScenarioDoc) -> _Setting:
-    """The policy's round length, mechanism and parameters. Reserved quotas are not a
-    mechanism parameter: the clearing takes them beside the instance, as round clearing does."""
+    """The active policy, its round length and mechanism, and the run's shape in rounds."""
     policy = policy_active_get()
     round_minutes = policy.round_minutes if policy else 60
-    params = {
-        k: v for k, v in ((policy.params or {}) if policy else {}).items()
-        if k not in PLATFORM_PARAMS
-    }  # fmt: skip
-    reserved_quotas = params.pop(RESERVED_QUOTAS_PARAM, None)
     per_day = max(1, (24 * 60) // round_minutes)
     horizon = doc.horizon_weeks * 7 * per_day
     return _Setting(
         policy=policy,
         round_minutes=round_minutes,
         mechanism=policy.mechanism if policy else "welfare",
-        params=params,
-        reserved_quotas=reserved_quotas,
         rounds_per_day=per_day,
         horizon=horizon,
         stride=max(1, math.ceil(horizon / MAX_REPLAYED)),
@@ -360,8 +357,8 @@ def _replays(
         return lambda done, count: progress(offset + done, total) if progress else None
 
     common = dict(
-        bidders=bidders, priorities=_priorities(campaigns), mechanism=setting.mechanism,
-        params=setting.params, reserved_quotas=setting.reserved_quotas,
+        bidders=bidders, teams=_teams(), priorities=_priorities(campaigns),
+        policy=setting.policy,
         round_hours=setting.round_minutes / 60, stride=setting.stride,
     )  # fmt: skip
     base_demand = {s: d for s, d in demand.items() if s in existing}

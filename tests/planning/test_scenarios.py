@@ -14,6 +14,7 @@ from planning.errors import PlanningError
 from planning.models import PlannedCampaign, Scenario
 from planning.services.campaigns import planned_campaign_declare, planned_campaign_withdraw
 from planning.services.scenarios import scenario_create, scenario_run
+from tenants.models import Tenant
 from tests.planning.history import history_build
 
 pytestmark = pytest.mark.django_db
@@ -244,3 +245,22 @@ def test_retiring_more_gpus_than_a_tier_has_is_refused_with_the_field_named(hist
         scenario_create(actor=history.admin, document=retire, queue=False)
     assert "8 GPUs" in str(caught.value)
     assert not Scenario.objects.exists()
+
+
+def test_the_replay_clears_with_each_teams_weight_as_the_market_does(history):
+    # Vision weighs 3, nlp 1; under maxmin the market splits a short tier 3:1 where both
+    # want more than their share (6 and 2 of 8 GPUs here), so the forecast's rounds must too:
+    # with every weight taken as 1 the replay split them 4:4.
+    from market.selectors import policy_active_get
+    from market.services.policy import policy_activate, policy_version_create
+
+    Tenant.objects.filter(pk=history.vision.pk).update(weight=3)
+    version = policy_version_create(
+        actor=history.admin, based_on=policy_active_get(), mechanism="maxmin"
+    )
+    policy_activate(version=version, actor=history.admin)
+    done = run(copy.deepcopy(DOCUMENT) | {"changes": []}, history.admin)
+    assert done.status == Scenario.Status.DONE, done.error
+    spend = done.results["spend_after"]
+    # Both pay the same price per GPU-hour, at most their limits (3 and 2.5 credits).
+    assert spend["vision-lab"] >= 3 * spend["nlp-group"] * 2500 / 3000
