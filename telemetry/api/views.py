@@ -7,11 +7,9 @@ its body is parsed once by our own strict parser, and it authenticates nodes, no
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
@@ -20,7 +18,7 @@ from rest_framework.generics import ListAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.ratelimit import CACHE_ERRORS, rate_limit_fail_open
+from core.ratelimit import CACHE_ERRORS, rate_count, rate_limit_fail_open
 from market.models import Allocation
 from market.services.slurm_reservations import reservation_name
 from telemetry import selectors, services
@@ -68,18 +66,8 @@ def directive_to_wire(action: EnforcementAction) -> dict[str, Any]:
 
 def _rate_exceeded(*, node_id: int) -> int:
     """Count this node's batch in the current minute (shared cache); seconds to wait, or 0."""
-    now = int(time.time())
-    window = now - now % 60
-    key = f"ingest-rate:{node_id}:{window}"
-    cache.add(key, 0, timeout=120)
-    try:
-        count = cache.incr(key)
-    except ValueError:  # expired between add and incr: this is the first of a new window
-        cache.add(key, 1, timeout=120)
-        count = 1
-    if count > settings.GPUMARKET_INGEST_RATE_PER_MINUTE:
-        return window + 60 - now
-    return 0
+    count, left = rate_count(key=f"ingest-rate:{node_id}", seconds=60)
+    return left if count > settings.GPUMARKET_INGEST_RATE_PER_MINUTE else 0
 
 
 @csrf_exempt

@@ -8,7 +8,7 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import SimpleRateThrottle
 
 from core.api import JSONParser, StrictLimitOffsetPagination
-from core.ratelimit import CACHE_ERRORS, rate_limit_fail_open
+from core.ratelimit import CACHE_ERRORS, rate_count, rate_limit_fail_open
 from tenants.access import access_object, membership_of, scoped
 from tenants.models import ApiToken, Tenant
 
@@ -29,7 +29,8 @@ class Pagination(StrictLimitOffsetPagination):
 
 
 class ScopedThrottle(SimpleRateThrottle):
-    """A rate per API token (per user for browser sessions) for one scope of actions.
+    """A rate per API token (per user for browser sessions) for one scope of actions: at
+    most N requests in each window of the rate's period, counted by ``core.ratelimit``.
 
     The rate is read from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"][scope] on every request,
     not when the class is defined, so settings changes (and tests) take effect.
@@ -41,16 +42,26 @@ class ScopedThrottle(SimpleRateThrottle):
         if scope:
             self.scope = scope
         super().__init__()
+        self.left = 0
 
     def get_rate(self) -> str | None:
         return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
 
     def allow_request(self, request, view) -> bool:
+        if self.rate is None:
+            return True
         try:
-            return super().allow_request(request, view)
+            count, self.left = rate_count(
+                key=self.get_cache_key(request, view), seconds=self.duration
+            )
         except CACHE_ERRORS as exc:
             rate_limit_fail_open(scope=self.scope, error=exc)
             return True
+        return count <= self.num_requests
+
+    def wait(self) -> int:
+        """Seconds until the window ends and the count starts again."""
+        return self.left
 
     def get_cache_key(self, request, view) -> str:
         if isinstance(request.auth, ApiToken):

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import re
+import types
 from decimal import Decimal
 
 import pytest
+from django.core.cache import cache
 from django.test import override_settings
 from hypothesis import given
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
+from core import ratelimit
 from market.api.serializers import MOST_PRICE_CREDITS, PriceInputField
 from market.models import Bid
 from market.services._common import MAX_PRICE
@@ -312,6 +315,35 @@ def test_bid_rate_limit_is_per_token_and_says_when_to_retry(world, settings):
         HTTP_AUTHORIZATION=f"Bearer {token_create(user=world.a.user, name='second').secret}"
     )
     assert post(second, "/api/v1/bids", bid_body(world, quantity=1)).status_code == 201
+
+
+def test_bid_rate_limit_on_redis_counts_each_clock_minute_apart(
+    world, settings, redis_url, monkeypatch
+):
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": redis_url,
+            "KEY_PREFIX": "bid-rate-test",
+        }
+    }
+    settings.REST_FRAMEWORK = settings.REST_FRAMEWORK | {
+        "DEFAULT_THROTTLE_RATES": {"bids": "2/minute", "pace": "100/minute"}
+    }
+    cache.clear()
+    api = world.a.client()
+    monkeypatch.setattr(ratelimit, "time", types.SimpleNamespace(time=lambda: 6_000_057.0))
+    for _ in range(2):
+        assert post(api, "/api/v1/bids", bid_body(world, quantity=1)).status_code == 201
+    limited = post(api, "/api/v1/bids", bid_body(world, quantity=1))
+    assert limited.status_code == 429
+    assert limited["Retry-After"] == "3"
+    assert limited.json()["error"]["message"] == (
+        "Request was throttled. Expected available in 3 seconds."
+    )
+    monkeypatch.setattr(ratelimit, "time", types.SimpleNamespace(time=lambda: 6_000_060.0))
+    assert post(api, "/api/v1/bids", bid_body(world, quantity=1)).status_code == 201
+    cache.clear()
 
 
 def test_rounds_tiers_balance_and_ledger(world):
