@@ -20,6 +20,7 @@ class ChangeRequest(models.Model):
         APPLIED = "applied", "Approved and applied"
         REJECTED = "rejected", "Rejected"
         EXPIRED = "expired", "Expired"
+        WITHDRAWN = "withdrawn", "Withdrawn"
 
     kind = models.CharField(max_length=20, choices=Kind.choices)
     status = models.CharField(
@@ -63,6 +64,8 @@ class ChangeRequest(models.Model):
             models.CheckConstraint(
                 condition=(Q(status="pending") & Q(decided_at__isnull=True))
                 | (Q(status="expired") & Q(decided_by__isnull=True) & Q(decided_at__isnull=False))
+                # Withdrawn by the one who asked: nobody decided it.
+                | (Q(status="withdrawn") & Q(decided_by__isnull=True) & Q(decided_at__isnull=False))
                 | (Q(status="rejected") & Q(decided_by__isnull=False))
                 # Applied without a second person only when the rule did not ask for one.
                 | (Q(status="applied") & Q(decided_at__isnull=False)),

@@ -116,7 +116,8 @@ def change_request(
     return req
 
 
-def _locked_for_decision(*, pk: int, actor: AbstractBaseUser, now: datetime) -> ChangeRequest:
+def _locked_pending(pk: int) -> ChangeRequest:
+    """The request, locked; refused unless it still waits."""
     req = (
         ChangeRequest.objects.select_for_update(of=("self",))
         .select_related("requested_by", "decided_by", "tenant")
@@ -125,8 +126,6 @@ def _locked_for_decision(*, pk: int, actor: AbstractBaseUser, now: datetime) -> 
     )
     if req is None:
         raise GovernanceError(f"No change request #{pk}.")
-    if not actor.is_staff or is_auditor(actor):
-        raise GovernanceError("Only platform administrators approve or reject changes.")
     if req.status != Status.PENDING:
         by = f" by {_who(req.decided_by)}" if req.decided_by_id else ""
         when = f" on {req.decided_at:%Y-%m-%d %H:%M} UTC" if req.decided_at else ""
@@ -134,6 +133,13 @@ def _locked_for_decision(*, pk: int, actor: AbstractBaseUser, now: datetime) -> 
             f"Change request #{req.pk} is already {req.get_status_display().lower()}{by}{when}; "
             "it cannot be decided again."
         )
+    return req
+
+
+def _locked_for_decision(*, pk: int, actor: AbstractBaseUser, now: datetime) -> ChangeRequest:
+    if not actor.is_staff or is_auditor(actor):
+        raise GovernanceError("Only platform administrators approve or reject changes.")
+    req = _locked_pending(pk)
     if req.expires_at <= now:
         raise GovernanceError(
             f"Change request #{req.pk} expired on {req.expires_at:%Y-%m-%d %H:%M} UTC; "
@@ -199,6 +205,31 @@ def change_reject(
         tenant=req.tenant,
         before={"status": Status.PENDING},
         after=_event(req, status=req.status, note=req.decision_note),
+    )
+    return req
+
+
+@transaction.atomic
+def change_withdraw(
+    *, pk: int, actor: AbstractBaseUser, now: datetime | None = None
+) -> ChangeRequest:
+    """The person who asked takes a request back while it waits; it is never applied. Nobody
+    decides it, so it names no second person."""
+    now = now or timezone.now()
+    req = _locked_pending(pk)
+    if req.requested_by_id != actor.pk:
+        raise GovernanceError(
+            f"{_who(req.requested_by)} asked for change request #{req.pk}; only they withdraw it."
+        )
+    req.status, req.decided_at = Status.WITHDRAWN, now
+    req.save(update_fields=["status", "decided_at"])
+    audit.record(
+        actor=actor,
+        action="approval.withdraw",
+        target=req,
+        tenant=req.tenant,
+        before={"status": Status.PENDING},
+        after=_event(req, status=req.status),
     )
     return req
 

@@ -21,7 +21,7 @@ from governance.forms import REQUEST_FORMS, DecisionForm, TeamCreditsForm
 from governance.models import ChangeRequest
 from governance.rules import rules
 from governance.selectors import requests_decided, requests_of_team, requests_pending
-from governance.services import change_approve, change_reject, change_request
+from governance.services import change_approve, change_reject, change_request, change_withdraw
 from tenants.access import manager_tenant_of
 
 Kind = ChangeRequest.Kind
@@ -118,6 +118,21 @@ def approval_reject(request: HttpRequest, pk: int) -> HttpResponse:
     except DomainError as exc:
         return _refused(request, exc)
     return _decided(request, req, "rejected")
+
+
+@require_POST
+@login_required
+def approval_withdraw(request: HttpRequest, pk: int) -> HttpResponse:
+    """The requester takes a waiting request back: an admin from the queue, a manager from the
+    team's requests page (each is sent back where they came from)."""
+    back = "approvals_queue" if request.user.is_staff else "team_requests"
+    try:
+        req = change_withdraw(pk=pk, actor=request.user)
+    except DomainError as exc:
+        messages.error(request, str(exc))
+        return redirect(back)
+    messages.success(request, f"Change request #{req.pk} withdrawn: {req.summary}.")
+    return redirect(back)
 
 
 def _team_page(request, tenant, *, form=None, status=200) -> HttpResponse:

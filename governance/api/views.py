@@ -3,7 +3,8 @@
 Staff and auditors read every request, a team's manager reads the team's (a researcher has
 none); staff ask for
 changes, managers ask for their team's credits, and staff other than the one who asked
-approve or reject (``POST /approvals/{id}/approve`` and ``/reject``). A refusal by the rule
+approve or reject (``POST /approvals/{id}/approve`` and ``/reject``); the one who asked may
+withdraw a request while it waits (``POST /approvals/{id}/withdraw``). A refusal by the rule
 (one's own request, already decided, expired, or the change moved since) is 409 ``refused``.
 """
 
@@ -21,7 +22,7 @@ from core.api import JSONParser, StrictLimitOffsetPagination
 from core.auth import is_auditor
 from governance.models import ChangeRequest
 from governance.selectors import requests_all, requests_of_team
-from governance.services import change_approve, change_reject, change_request
+from governance.services import change_approve, change_reject, change_request, change_withdraw
 from tenants.access import manager_tenant_of
 from tenants.api.money import CreditsInputField, credits_text
 
@@ -180,3 +181,14 @@ class ChangeRequestViewSet(
     @action(detail=True, methods=["post"])
     def reject(self, request, pk=None):
         return self._decide(request, pk, approve=False)
+
+    @extend_schema(
+        request=None,
+        responses={200: ChangeRequestSerializer},
+        summary="Withdraw your own request while it waits (it is never applied)",
+    )
+    @action(detail=True, methods=["post"])
+    def withdraw(self, request, pk=None):
+        self.get_object()  # a request the caller cannot see is a 404, as a missing one
+        req = change_withdraw(pk=int(pk), actor=request.user)
+        return Response(ChangeRequestSerializer(req).data)

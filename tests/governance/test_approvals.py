@@ -12,7 +12,13 @@ from audit.models import AuditEvent
 from governance.errors import GovernanceError
 from governance.models import ChangeRequest
 from governance.rules import approval_needed
-from governance.services import change_approve, change_reject, change_request, changes_expire
+from governance.services import (
+    change_approve,
+    change_reject,
+    change_request,
+    change_withdraw,
+    changes_expire,
+)
 from market.models import PolicyVersion, Tier
 from market.services.policy import policy_version_create
 from tenants.budgets import budget_set
@@ -416,3 +422,58 @@ def test_the_admin_grant_page_asks_for_approval_too(world):
     assert response.status_code == 302
     assert response.url.startswith("/governance/new/credit_grant/?")
     assert balance_get(tenant=world.vision).available == before
+
+
+# Withdrawing one's own request --------------------------------------------------------------
+
+
+def test_the_requester_withdraws_a_pending_request_on_the_page_and_it_never_applies(world):
+    req = _grant_request(world)
+    before = balance_get(tenant=world.vision).available
+    client = signed_in(world.admin)
+    assert f"/governance/{req.pk}/withdraw/" in client.get("/governance/").content.decode()
+    response = client.post(f"/governance/{req.pk}/withdraw/")
+    assert response.status_code == 302
+    req.refresh_from_db()
+    assert req.status == Status.WITHDRAWN and req.decided_by is None and req.decided_at
+    event = AuditEvent.objects.get(action="approval.withdraw", object_id=str(req.pk))
+    assert event.actor_label == "alice-admin" and event.after["status"] == "withdrawn"
+    with pytest.raises(GovernanceError, match="already withdrawn"):
+        change_approve(pk=req.pk, actor=world.second_admin)
+    assert balance_get(tenant=world.vision).available == before
+
+
+def test_only_the_requester_withdraws_and_only_while_it_waits(world):
+    req = _grant_request(world)
+    for other in (world.second_admin, world.vision_manager, world.auditor):
+        with pytest.raises(GovernanceError, match="alice-admin asked for change request"):
+            change_withdraw(pk=req.pk, actor=other)
+    assert signed_in(world.second_admin).post(f"/governance/{req.pk}/withdraw/").status_code == 302
+    req.refresh_from_db()
+    assert req.status == Status.PENDING
+    change_approve(pk=req.pk, actor=world.second_admin)
+    with pytest.raises(GovernanceError, match="already approved and applied"):
+        change_withdraw(pk=req.pk, actor=world.admin)
+    assert not AuditEvent.objects.filter(action="approval.withdraw").exists()
+
+
+def test_a_manager_withdraws_the_teams_credit_request_on_the_team_page_and_by_the_api(world):
+    ask = {"amount": "300", "reason": "ablation", "justification": "A second seed for it."}
+    client = signed_in(world.vision_manager)
+    assert client.post("/governance/team/", ask).status_code == 302
+    first = ChangeRequest.objects.get()
+    page = client.get("/governance/team/").content.decode()
+    assert f"/governance/{first.pk}/withdraw/" in page
+    assert client.post(f"/governance/{first.pk}/withdraw/").url == "/governance/team/"
+    first.refresh_from_db()
+    assert first.status == Status.WITHDRAWN
+    second = change_request(
+        kind="team_credits", actor=world.vision_manager, justification="again",
+        payload={"tenant": world.vision.pk, "amount": 100_000, "reason": "ablation"},
+    )  # fmt: skip
+    url = f"/api/v1/approvals/{second.pk}/withdraw"
+    answer = client.post(url, {}, content_type="application/json")
+    assert answer.status_code == 200, answer.content
+    assert answer.json()["status"] == "withdrawn"
+    again = client.post(url, {}, content_type="application/json")
+    assert again.status_code == 409 and "already withdrawn" in again.json()["error"]["message"]
