@@ -1,4 +1,4 @@
-"""Forecast accuracy at planning horizons: the planning forecast against its baselines.
+"""Forecast accuracy at planning horizons: the demand forecast against its baselines.
 
     python bench/forecast.py                       # the generated 12-week history only
     python bench/forecast.py --seeds 8,9,10        # generated histories from other seeds
@@ -8,15 +8,13 @@ For every tier of a history and each horizon (1 week, 4 weeks), three origins a 
 at the end of the history: every method is fitted on the history up to the origin only and
 scored on the horizon after it (WAPE over the three windows together). The methods:
 
-- ``chosen``: ``planning.forecast.demand_forecast`` as planning runs it: its own backtest on
+- ``chosen``: ``market.forecast.demand_forecast`` as planning runs it: its own backtest on
   the history before the origin picks the model (nested: the scored windows are never seen
   by the choice);
 - ``seasonal naive``: the same hour a week earlier;
 - ``ETS``: statsmodels' exponential smoothing, damped trend and weekly season;
 - ``MSTL``: daily + weekly seasons, damped trend;
-- ``combined``: the mean of the three above (a candidate of the choice too);
-- ``previous``: the hand-written Holt-Winters with a daily season that planning used before
-  (``market.forecast``), for the record.
+- ``combined``: the mean of the three above (a candidate of the choice too).
 
 Histories: ``generated`` (seeded): 12 weeks of hourly demand on three tiers with a trend, a
 daily and a weekly pattern, campaign spikes of one to six days and noise. ``--platform``: the
@@ -40,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planning.forecast import ETS, MSTL, SEASONAL_NAIVE, demand_forecast, model_forecast  # noqa: E402
+from market.forecast import ETS, MSTL, SEASONAL_NAIVE, demand_forecast, model_forecast  # noqa: E402
 
 DAY, WEEK = 24, 168
 HORIZONS = {"1 week": WEEK, "4 weeks": 4 * WEEK}
@@ -71,21 +69,14 @@ def generated(weeks: int = 12, seed: int = 7) -> dict[str, np.ndarray]:
     return out
 
 
-def _previous(history: np.ndarray, horizon: int) -> np.ndarray:
-    from market.forecast import demand_forecast as holt_winters
-
-    return np.asarray(holt_winters(history, horizon=horizon, season_length=DAY).mean)
-
-
 METHODS: dict[str, Callable[[np.ndarray, int], np.ndarray]] = {
     "chosen": lambda y, h: np.asarray(demand_forecast(y, horizon=h, rounds_per_day=DAY).p50),
     "seasonal naive": lambda y, h: model_forecast(SEASONAL_NAIVE, y, horizon=h, day=DAY),
     "ETS": lambda y, h: model_forecast(ETS, y, horizon=h, day=DAY),
     "MSTL": lambda y, h: model_forecast(MSTL, y, horizon=h, day=DAY),
-    "previous": _previous,
 }
 # Derived from the others' forecasts, as the planning forecast derives it (no refit).
-COLUMNS = ["chosen", "seasonal naive", "ETS", "MSTL", "combined", "previous"]
+COLUMNS = ["chosen", "seasonal naive", "ETS", "MSTL", "combined"]
 
 
 def evaluate(series: np.ndarray) -> dict[str, dict[str, float]]:

@@ -15,7 +15,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from planning.forecast import HORIZON_DAYS, SEASONAL_NAIVE, DemandForecast, demand_forecast
+from market.forecast import DemandForecast, demand_forecast
 from planning.forecast_csv import HOUR, HistoryError, forecast_write, gaps_report, history_read
 
 MAX_HORIZON = 26 * 7 * 24
@@ -37,13 +37,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _score_line(tier: str, forecast: DemandForecast) -> str:
-    parts = []
-    for label in HORIZON_DAYS:
-        mine, base = forecast.score(forecast.model, label), forecast.score(SEASONAL_NAIVE, label)
-        if mine and mine.wape_pct is not None and base and base.wape_pct is not None:
-            parts.append(
-                f"{label} WAPE {mine.wape_pct:.1f} % (seasonal naive {base.wape_pct:.1f} %)"
-            )
+    parts = [
+        f"{mine.horizon} WAPE {mine.wape_pct:.1f} % (seasonal naive {base.wape_pct:.1f} %)"
+        for mine, base in forecast.beside_baseline()
+    ]
     scored = "; ".join(parts) or "no backtest (history too short)"
     return f"{tier}: {forecast.label}; {scored}"
 

@@ -13,7 +13,7 @@ from datetime import date, datetime
 
 import plotly.graph_objects as go
 
-from market.forecast import BAND_Z, Forecast
+from market.forecast import QUANTILES, DemandForecast
 from tenants.ledger import MILLI
 
 _LAYOUT = {
@@ -26,9 +26,9 @@ _LAYOUT = {
 
 # Dates a person reads ("Nov 24 09:00") on every time axis.
 DATE_TICKS = "%b %d %H:%M"
-# The share of rounds a normal band of +/- BAND_Z standard deviations holds (95 % for 1.96),
-# so the legend says what the band means without the statistics.
-BAND_SHARE = 100 * math.erf(BAND_Z / math.sqrt(2))
+# The share of rounds the P10-P90 band is meant to hold (80 %), so the legend says what the
+# band means without the statistics.
+BAND_SHARE = 100 * (QUANTILES[1] - QUANTILES[0])
 # Supply/demand prices spread wider than this (highest / lowest above zero) go on a log axis.
 LOG_SPREAD = 100
 
@@ -252,17 +252,17 @@ def demand_forecast(
     capacity: Sequence[int | None],
     price: Sequence[int | None],
     future_at: Sequence[datetime],
-    forecast: Forecast,
+    forecast: DemandForecast,
     offered: int,
 ) -> go.Figure:
-    """One tier's demand per round (GPUs bid), the forecast for the next rounds with its band,
-    the capacity each round offered (``offered`` now, carried over the forecast) and the
-    clearing price (milli-credits/GPU-h, shown in credits) on a second axis."""
+    """One tier's demand per round (GPUs bid), the forecast for the next rounds (P50) with its
+    P10-P90 band, the capacity each round offered (``offered`` now, carried over the forecast)
+    and the clearing price (milli-credits/GPU-h, shown in credits) on a second axis."""
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(x=list(at), y=list(demand), mode="lines+markers", name="Demand (GPUs bid)")
     )
-    if forecast.mean:
+    if forecast.p50:
         _forecast_band(fig, at=at, demand=demand, future_at=future_at, forecast=forecast)
     fig.add_trace(
         go.Scatter(
@@ -293,7 +293,7 @@ def _forecast_band(
     at: Sequence[datetime],
     demand: Sequence[int],
     future_at: Sequence[datetime],
-    forecast: Forecast,
+    forecast: DemandForecast,
 ) -> None:
     # The band is drawn as upper then lower filled to it; joined to the last actual point
     # so the forecast visibly continues the history.
@@ -302,7 +302,7 @@ def _forecast_band(
     fig.add_trace(
         go.Scatter(
             x=xs,
-            y=start + list(forecast.upper),
+            y=start + list(forecast.p90),
             mode="lines",
             line={"width": 0},
             showlegend=False,
@@ -313,18 +313,18 @@ def _forecast_band(
     fig.add_trace(
         go.Scatter(
             x=xs,
-            y=start + list(forecast.lower),
+            y=start + list(forecast.p10),
             mode="lines",
             line={"width": 0},
             fill="tonexty",
             fillcolor="rgba(99, 110, 250, 0.2)",
-            name=f"Likely range ({BAND_SHARE:.0f} % of rounds)",
+            name=f"Likely range ({BAND_SHARE:.0f} % of rounds, P10 to P90)",
         )
     )
     fig.add_trace(
         go.Scatter(
             x=xs,
-            y=start + list(forecast.mean),
+            y=start + list(forecast.p50),
             mode="lines",
             line={"dash": "dash"},
             name="Forecast",

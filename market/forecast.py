@@ -1,6 +1,7 @@
-"""Demand forecast for planning: statsmodels models picked per tier by a rolling-origin
-backtest, with P10/P50/P90. Pure, no Django; the one forecasting entry point of planning
-(``demand_forecast``), used by scenario runs and by ``gpumarket forecast``.
+"""Demand forecast per tier: statsmodels models picked per tier by a rolling-origin
+backtest, with P10/P50/P90. Pure, no Django; the one forecasting entry point
+(``demand_forecast``), used by the market page (``/market/``), planning's scenario runs and
+``gpumarket forecast``. It sits in the market, to the left of planning, so both may import it.
 
 History is one number per past round (GPUs, or GPU-hours per hour), oldest first, evenly
 spaced; ``rounds_per_day`` rounds make a day and seven days a week. The candidates:
@@ -95,6 +96,23 @@ class DemandForecast:
 
     def score(self, model: str, horizon: str) -> Score | None:
         return next((s for s in self.scores if s.model == model and s.horizon == horizon), None)
+
+    def beside_baseline(self) -> list[tuple[Score, Score]]:
+        """(the chosen model's score, the seasonal-naive rule's) at each backtest horizon
+        where both have a WAPE, shortest first: whether the model beats the simplest rule."""
+        pairs = []
+        for label in HORIZON_DAYS:
+            mine, base = self.score(self.model, label), self.score(SEASONAL_NAIVE, label)
+            if mine and mine.wape_pct is not None and base and base.wape_pct is not None:
+                pairs.append((mine, base))
+        return pairs
+
+
+def rounds_per_day(round_minutes: int) -> int:
+    """The rounds in one day of a market with rounds of ``round_minutes`` (the daily season)."""
+    if round_minutes < 1:
+        raise ValueError(f"round length must be at least 1 minute, got {round_minutes}")
+    return max(1, (24 * 60) // round_minutes)
 
 
 def _season(n: int, day: int) -> tuple[str, int]:

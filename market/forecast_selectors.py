@@ -1,13 +1,28 @@
-"""The database read behind the demand forecast (the maths is in market/forecast.py)."""
+"""The reads behind the market page's demand forecast: each tier's history from the
+database, and its forecast (the maths is in market/forecast.py) kept in the cache."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import numpy as np
+from django.core.cache import cache
+
+from core.ratelimit import CACHE_ERRORS
+from market.forecast import DemandForecast, demand_forecast
 from market.models import Bid, BidLimit, Round, Tier
+
+logger = logging.getLogger(__name__)
+
+# A forecast is a function of its history, which changes only when a round settles: the key
+# holds the history itself, so a new round is a new key and no entry goes stale. A day keeps
+# the entries of markets with rounds of up to a day.
+FORECAST_CACHE_SECONDS = 24 * 3600
 
 # Rounds whose bids are final: settlement has run, so no bid can be cancelled or edited any more.
 HISTORY_STATUSES = (Round.Status.SETTLED, Round.Status.FINISHED)
@@ -91,3 +106,25 @@ def tier_demand_history(
 
 def _int_or_none(value: object) -> int | None:
     return None if value is None else int(value)
+
+
+def tier_forecast(history: Sequence[float], *, horizon: int, rounds_per_day: int) -> DemandForecast:
+    """``market.forecast.demand_forecast`` of one tier's ``history``, computed once per history:
+    its fits and backtest take about a second a tier, and the page is read far more often than
+    a round settles. Kept in the shared cache; when the cache cannot be reached the forecast is
+    computed and the page still shows it."""
+    y = np.asarray(history, dtype=float)
+    digest = hashlib.sha256(y.tobytes()).hexdigest()
+    key = f"market:demand-forecast:{horizon}:{rounds_per_day}:{digest}"
+    try:
+        forecast = cache.get(key)
+    except CACHE_ERRORS as error:
+        logger.warning("demand forecast not cached: cache unreachable (%s)", error)
+        return demand_forecast(y, horizon=horizon, rounds_per_day=rounds_per_day)
+    if forecast is None:
+        forecast = demand_forecast(y, horizon=horizon, rounds_per_day=rounds_per_day)
+        try:
+            cache.set(key, forecast, FORECAST_CACHE_SECONDS)
+        except CACHE_ERRORS as error:
+            logger.warning("demand forecast not cached: cache unreachable (%s)", error)
+    return forecast

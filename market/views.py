@@ -36,9 +36,8 @@ from market.charts import (
     supply_demand,
 )
 from market.energy_views import energy_context
-from market.forecast import MIN_ROUNDS, NONE, rounds_per_day
-from market.forecast import demand_forecast as forecast_demand
-from market.forecast_selectors import tier_demand_history
+from market.forecast import rounds_per_day
+from market.forecast_selectors import tier_demand_history, tier_forecast
 from market.forms import BidForm, limit_field_name
 from market.models import Bid, PolicyVersion, Round
 from market.selectors import (
@@ -64,11 +63,15 @@ from tenants.models import Budget
 from tenants.selectors import budgets_active
 
 PRICE_HISTORY_ROUNDS = 48
-# The forecast looks at up to four seasons (days) of rounds, at most a week of 5-minute rounds,
-# and ahead one season, between 6 and 48 rounds.
-FORECAST_SEASONS = 4
+# The forecast is fitted on up to three weeks of rounds (two show the weekly season, the third
+# scores a week ahead), at most 2,016 (a week of 5-minute rounds, a second a tier to fit);
+# the chart shows the last four days of them and one day ahead, between 6 and 48 rounds. It
+# needs a day of rounds, so that the seasonal-naive rule has a day to copy.
+FORECAST_FIT_DAYS = 21
 FORECAST_MAX_HISTORY = 2016
+FORECAST_SHOWN_DAYS = 4
 FORECAST_HORIZON = (6, 48)
+FORECAST_MIN_ROUNDS = 3
 
 
 # Reads used by several pages --------------------------------------------------------------
@@ -92,44 +95,42 @@ def supply_demand_charts(rnd: Round) -> list[str]:
 
 
 def demand_forecast_charts(policy: PolicyVersion | None) -> dict:
-    """Per active tier: past demand, the forecast with its band, capacity and price, as
-    charts; or, before there is enough history, a note saying how many rounds there are."""
+    """Per active tier: past demand, the forecast with its P10-P90 band, capacity and price,
+    as charts; or, before a day of rounds has settled, a note saying how many there are."""
     round_minutes = policy.round_minutes if policy else 60
-    season = rounds_per_day(round_minutes)
-    horizon = min(max(season, FORECAST_HORIZON[0]), FORECAST_HORIZON[1])
-    history = tier_demand_history(rounds=min(FORECAST_SEASONS * season, FORECAST_MAX_HISTORY))
+    day = rounds_per_day(round_minutes)
+    horizon = min(max(day, FORECAST_HORIZON[0]), FORECAST_HORIZON[1])
+    needed = max(day, FORECAST_MIN_ROUNDS)
+    history = tier_demand_history(rounds=min(FORECAST_FIT_DAYS * day, FORECAST_MAX_HISTORY))
+    rounds = len(next(iter(history.values())).rounds) if history else 0
+    context = {"charts": [], "rounds": rounds, "needed": needed, "horizon": horizon}
+    if rounds < needed:
+        return context
     offered = {t.slug: t.offered for t in tiers_offered()}
-    charts = []
+    context["shown"] = min(FORECAST_SHOWN_DAYS * day, rounds)
+    shown = slice(-context["shown"], None)
+    step = timedelta(minutes=round_minutes)
     for i, (slug, past) in enumerate(sorted(history.items())):
-        forecast = forecast_demand(past.demand, horizon=horizon, season_length=season)
-        if forecast.method == NONE:
-            continue
-        step = timedelta(minutes=round_minutes)
+        forecast = tier_forecast(past.demand, horizon=horizon, rounds_per_day=day)
         fig = demand_forecast(
             tier=slug,
-            at=past.starts_at,
-            demand=past.demand,
-            capacity=past.capacity,
-            price=past.price,
+            at=past.starts_at[shown],
+            demand=past.demand[shown],
+            capacity=past.capacity[shown],
+            price=past.price[shown],
             future_at=[past.starts_at[-1] + step * k for k in range(1, horizon + 1)],
             forecast=forecast,
             offered=offered.get(slug, 0),
         )
-        charts.append(
+        context["charts"].append(
             {
                 "tier": slug,
                 "html": figure_html(fig, element_id=f"demand-forecast-{i}"),
                 "forecast": forecast,
+                "beside": forecast.beside_baseline(),
             }
         )
-    rounds = len(next(iter(history.values())).rounds) if history else 0
-    return {
-        "charts": charts,
-        "rounds": rounds,
-        "min_rounds": MIN_ROUNDS,
-        "season": season,
-        "horizon": horizon,
-    }
+    return context
 
 
 # Researchers -----------------------------------------------------------------------------

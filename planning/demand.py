@@ -1,4 +1,4 @@
-"""Demand per tier per future round: the history's forecast (planning/forecast.py, with its
+"""Demand per tier per future round: the history's forecast (market/forecast.py, with its
 backtest and P10/P50/P90) plus the campaigns teams declared, as known future demand. Pure, no
 Django.
 
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from planning.forecast import DemandForecast, demand_forecast
+from market.forecast import DemandForecast, demand_forecast
 
 
 @dataclass(frozen=True)

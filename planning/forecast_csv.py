@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from planning.forecast import DemandForecast
+from market.forecast import DemandForecast
 
 COLUMNS = ("timestamp", "tier", "gpu_hours")
 HOUR = timedelta(hours=1)

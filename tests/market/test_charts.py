@@ -68,7 +68,7 @@ def test_the_demand_forecast_reads_as_dates_and_names_its_band_without_jargon():
     from datetime import UTC, datetime
 
     from market.charts import demand_forecast
-    from market.forecast import SIMPLE, Forecast
+    from market.forecast import SEASONAL_NAIVE, DemandForecast
 
     at = [datetime(2026, 11, 24, h, tzinfo=UTC) for h in range(4)]
     fig = demand_forecast(
@@ -78,12 +78,18 @@ def test_the_demand_forecast_reads_as_dates_and_names_its_band_without_jargon():
         capacity=[4, 4, 4, 4],
         price=[3000, 3100, None, 3200],
         future_at=[datetime(2026, 11, 24, 4, tzinfo=UTC)],
-        forecast=Forecast(method=SIMPLE, reason="", mean=(3.0,), lower=(1.0,), upper=(5.0,)),
+        forecast=DemandForecast(
+            model=SEASONAL_NAIVE, season="none", p10=(1.0,), p50=(3.0,), p90=(5.0,)
+        ),
         offered=4,
     )
     assert fig.layout.xaxis.type == "date" and "%H:%M" in fig.layout.xaxis.tickformat
     names = [t.name for t in fig.data if t.showlegend is not False]
-    assert "Likely range (95 % of rounds)" in names
+    assert "Likely range (80 % of rounds, P10 to P90)" in names
+    band = {t.name: list(t.y) for t in fig.data}
+    # Each line starts at the last demand, so the forecast continues the history.
+    assert band["Band upper"] == [4.0, 5.0] and band["Forecast"] == [4.0, 3.0]
+    assert band["Likely range (80 % of rounds, P10 to P90)"] == [4.0, 1.0]
     assert not any("σ" in n or "sigma" in n for n in names)
 
 
@@ -115,7 +121,7 @@ def test_the_forecast_chart_gives_the_history_half_the_width_and_the_price_headr
     from datetime import UTC, datetime, timedelta
 
     from market.charts import demand_forecast
-    from market.forecast import SIMPLE, Forecast
+    from market.forecast import SEASONAL_NAIVE, DemandForecast
 
     at = [datetime(2026, 11, 24, h, tzinfo=UTC) for h in range(3)]
     future = [at[-1] + timedelta(hours=k) for k in range(1, 25)]  # a day ahead
@@ -126,8 +132,12 @@ def test_the_forecast_chart_gives_the_history_half_the_width_and_the_price_headr
         capacity=[4, 4, 4],
         price=[3000, 3000, 3000],
         future_at=future,
-        forecast=Forecast(
-            method=SIMPLE, reason="", mean=(2.0,) * 24, lower=(1.0,) * 24, upper=(3.0,) * 24
+        forecast=DemandForecast(
+            model=SEASONAL_NAIVE,
+            season="none",
+            p10=(1.0,) * 24,
+            p50=(2.0,) * 24,
+            p90=(3.0,) * 24,
         ),
         offered=4,
     )

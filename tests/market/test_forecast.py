@@ -1,12 +1,13 @@
-"""The planning forecast: statsmodels candidates picked by a rolling-origin backtest, with
-P10/P50/P90, on series whose answer is known."""
+"""The demand forecast (market page, planning, ``gpumarket forecast``): statsmodels
+candidates picked by a rolling-origin backtest, with P10/P50/P90, on series whose answer is
+known."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from planning.forecast import (
+from market.forecast import (
     COMBINED,
     ETS,
     MODELS,
@@ -17,6 +18,7 @@ from planning.forecast import (
     choose_model,
     demand_forecast,
     model_forecast,
+    rounds_per_day,
 )
 
 DAY, WEEK = 24, 168
@@ -171,3 +173,21 @@ def test_shorter_than_a_day_the_seasonal_naive_rule_repeats_the_last_round():
     ahead = model_forecast(SEASONAL_NAIVE, history, horizon=7, day=DAY)
     assert ahead.tolist() == [5.0] * 7
     assert demand_forecast(history, horizon=7, rounds_per_day=DAY).p50 == (5.0,) * 7
+
+
+def test_the_chosen_model_is_shown_beside_the_seasonal_naive_rule_at_each_scored_horizon():
+    forecast = demand_forecast(growing(5), horizon=DAY, rounds_per_day=DAY)
+    pairs = forecast.beside_baseline()
+    assert [mine.horizon for mine, _ in pairs] == ["1 day", "1 week"]  # 4 weeks needs eight
+    for mine, base in pairs:
+        assert mine.model == forecast.model and base.model == SEASONAL_NAIVE
+        assert mine == forecast.score(forecast.model, mine.horizon)
+    assert demand_forecast([3.0] * 10, horizon=2, rounds_per_day=DAY).beside_baseline() == []
+
+
+def test_rounds_per_day_is_the_daily_season():
+    assert rounds_per_day(60) == 24
+    assert rounds_per_day(15) == 96
+    assert rounds_per_day(7 * 24 * 60) == 1
+    with pytest.raises(ValueError, match="at least 1 minute"):
+        rounds_per_day(0)
