@@ -264,15 +264,28 @@ def budget_set(
         .filter(tenant=tenant, window=window, campaign=campaign, active=True)
         .first()
     )
+    platform = bool(actor is not None and actor.is_staff)
     before = None
     if existing is not None:
+        if existing.set_by_platform and not platform and _loosens(existing, mode=mode, cap=cap):
+            raise TenantError(
+                f"cap: the {existing.get_window_display().lower()} cap of "
+                f"{credits(existing.cap)} credits ({existing.mode}) was set by a platform admin; "
+                "the team may lower it or make it stricter, and only an admin loosens it"
+            )
         before = {"mode": existing.mode, "cap": existing.cap}
         existing.mode, existing.cap = mode, cap
-        existing.save(update_fields=["mode", "cap"])
+        existing.set_by_platform = existing.set_by_platform or platform
+        existing.save(update_fields=["mode", "cap", "set_by_platform"])
         budget = existing
     else:
         budget = Budget.objects.create(
-            tenant=tenant, window=window, mode=mode, cap=cap, campaign=campaign
+            tenant=tenant,
+            window=window,
+            mode=mode,
+            cap=cap,
+            campaign=campaign,
+            set_by_platform=platform,
         )
     audit.record(
         actor=actor,
@@ -285,10 +298,17 @@ def budget_set(
             "mode": mode,
             "cap": cap,
             "campaign": campaign.pk if campaign else None,
+            "set_by_platform": budget.set_by_platform,
         },
     )
     _alerts_clear_stale(budget=budget, at=timezone.now())
     return budget
+
+
+def _loosens(budget: Budget, *, mode: str, cap: int) -> bool:
+    """Whether (mode, cap) lets more through than ``budget``: a higher cap, or a soft cap (an
+    alert only) in place of one that refuses bids or pauses work."""
+    return cap > budget.cap or (mode == Budget.Mode.SOFT and budget.mode != Budget.Mode.SOFT)
 
 
 def _alert_key(*, budget: Budget, window_start: datetime, threshold: int) -> str:

@@ -201,6 +201,9 @@ class Budget(models.Model):
     mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.SAFE)
     cap = models.BigIntegerField(help_text="Milli-credits per window.")
     active = models.BooleanField(default=True)
+    # Set (or last changed) by a platform admin: the team's managers may tighten it, and only
+    # an admin loosens it (raises above a threshold wait for a second admin).
+    set_by_platform = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

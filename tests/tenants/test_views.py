@@ -250,3 +250,38 @@ def test_403_and_404_pages_are_the_sites_own_and_say_what_happened(client, lab, 
     body = forbidden.content.decode()
     assert "Not allowed" in body and "Only the team" in body and "managers can manage" in body
     assert "gpumarket" in body  # the site's layout, not a bare error
+
+
+def test_a_manager_tightens_a_cap_the_platform_set_but_never_loosens_it(client, lab):
+    # The platform's caps are under the two-person rule for raises; the team's manager must
+    # not raise one alone from the team's page. Caps the manager set stay the team's own.
+    from tenants.budgets import budget_set
+
+    tenant, manager, _ = lab
+    admin = factories.admin_user(username="ops")
+    budget_set(tenant=tenant, window="month", mode="hard", cap=5_000_000, actor=admin)
+    client.force_login(manager)
+    events = AuditEvent.objects.filter(action="budget.set").count()
+    for loosen in ({"mode": "hard", "cap": "6000"}, {"mode": "soft", "cap": "5000"}):
+        refused = client.post(reverse("team_budget_set"), {"window": "month", **loosen})
+        assert refused.status_code == 400
+        assert "set by a platform admin" in refused.content.decode()
+    budget = Budget.objects.get(tenant=tenant, window="month")
+    assert (budget.mode, budget.cap) == ("hard", 5_000_000)
+    assert AuditEvent.objects.filter(action="budget.set").count() == events
+    lowered = client.post(
+        reverse("team_budget_set"), {"window": "month", "mode": "safe", "cap": "4000"}
+    )
+    assert lowered.status_code == 302
+    budget.refresh_from_db()
+    assert (budget.mode, budget.cap) == ("safe", 4_000_000)
+    # Lowered by the team, it is still the platform's cap: the manager cannot win it back.
+    back = client.post(
+        reverse("team_budget_set"), {"window": "month", "mode": "safe", "cap": "5000"}
+    )
+    assert back.status_code == 400
+    # A cap the manager set is the team's own to raise.
+    own = {"window": "week", "mode": "hard"}
+    assert client.post(reverse("team_budget_set"), {**own, "cap": "100"}).status_code == 302
+    assert client.post(reverse("team_budget_set"), {**own, "cap": "900"}).status_code == 302
+    assert Budget.objects.get(tenant=tenant, window="week").cap == 900_000
