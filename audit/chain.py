@@ -13,9 +13,14 @@ from typing import Any
 
 GENESIS_HASH = "0" * 64
 
+# What json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False) uses, made once:
+# json.dumps makes a new encoder on every call with arguments of its own, a third of the cost
+# of hashing a round's 20,000 events.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
 
 def _dumps(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _ENCODER.encode(body).encode()
 
 
 def _utc(moment: datetime) -> str:
@@ -84,7 +89,7 @@ def fields_of(event: Any) -> dict[str, Any]:
 
 
 def mac(key: str, body: bytes) -> str:
-    return hmac.new(key.encode(), body, hashlib.sha256).hexdigest()
+    return hmac.digest(key.encode(), body, hashlib.sha256).hex()
 
 
 def event_hash(*, key: str, **fields: Any) -> str:

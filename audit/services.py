@@ -11,6 +11,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 from audit.chain import GENESIS_HASH, event_hash, fields_of
@@ -113,6 +114,20 @@ def _append(events: list[AuditEvent], *, head: tuple[int, str] | None = None) ->
     rows_insert(events)
 
 
+_UNSET = {"id": None, "seq": None, "prev_hash": "", "key_id": "", "hash": ""}
+
+
+def _event_new(**values: Any) -> AuditEvent:
+    """A new, unsaved event with ``values`` (every field but its key, seq and hash), made as
+    Django makes a model object less its per-field work: an event is a plain row (no
+    defaults to compute, no signals on it), and ``AuditEvent(**values)`` was a fifth of
+    appending a round's 20,000 events."""
+    event = AuditEvent.__new__(AuditEvent)
+    event._state = ModelState()
+    event.__dict__.update(_UNSET, **values)
+    return event
+
+
 def record(
     *,
     actor: AbstractBaseUser | str | None,
@@ -136,7 +151,7 @@ def record(
         object_type = object_type or target._meta.label_lower
         object_id = object_id or target.pk
     actor_id, actor_label = _actor_parts(actor)
-    event = AuditEvent(
+    event = _event_new(
         created_at=timezone.now(),
         actor_id=actor_id,
         actor_label=actor_label,
