@@ -335,7 +335,13 @@ def _escrow_hold(
     tenants: dict[int, Tenant],
     opening: _Opening,
 ) -> None:
-    """Move each new bid's escrow from its team's available credits, in one batch."""
+    """Move each new bid's escrow from its team's available credits, in one batch.
+
+    Without an idempotency record each, as a hand-placed bid's hold: the hold is made in the
+    transaction that inserts its bid, and an order has one open bid a round (a unique
+    constraint, and a second opening passes over an order with its bid), so the hold cannot
+    be made twice. A record keyed by the new bid's id could never be met again; it was a
+    ninth of the opening's rows and one read of 10,000 keys."""
     transfer_execute_many(
         orders=[
             TransferOrder(
@@ -345,7 +351,6 @@ def _escrow_hold(
                 reason=f"escrow for bid {key} (order {row.id}) in round {rnd.pk}",
                 reference=f"bid:{key}",
                 campaign=opening.campaigns.get(row.campaign_id),
-                idempotency_key=f"order-hold:{key}",
             )
             for key, (row, decision) in zip(keys, placed, strict=True)
         ]
