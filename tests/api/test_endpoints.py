@@ -12,12 +12,14 @@ from django.core.cache import cache
 from django.test import override_settings
 from hypothesis import given
 from hypothesis import strategies as st
+from rest_framework import serializers
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
 from core import ratelimit
-from market.api.serializers import MOST_PRICE_CREDITS, PriceInputField
+from market.api.serializers import MOST_PRICE_CREDITS, BidSerializer, PriceInputField
 from market.models import Bid
+from market.selectors import bids_with_limits
 from market.services._common import MAX_PRICE
 from tenants.api.money import credits_text
 from tenants.budgets import budget_set
@@ -344,6 +346,25 @@ def test_bid_rate_limit_on_redis_counts_each_clock_minute_apart(
     monkeypatch.setattr(ratelimit, "time", types.SimpleNamespace(time=lambda: 6_000_060.0))
     assert post(api, "/api/v1/bids", bid_body(world, quantity=1)).status_code == 201
     cache.clear()
+
+
+def test_a_bid_reads_as_its_serializer_fields_would_show_it(world):
+    placed = post(
+        world.a.client(),
+        "/api/v1/bids",
+        bid_body(world, note="with a campaign", campaign=world.a.campaign.pk),
+    )
+    assert placed.status_code == 201, placed.content
+    bids = list(bids_with_limits())
+    assert {bid.status for bid in bids} >= {"open", "won"}
+    assert any(bid.campaign_id for bid in bids) and any(bid.outcome for bid in bids)
+    for bid in bids:
+        limits = {limit.tier.slug: limit.price for limit in bid.limits.all()}
+        for context in ({}, {"placed_limits": limits}):
+            answer = BidSerializer(bid, context=context)
+            by_fields = serializers.ModelSerializer.to_representation(answer, bid)
+            assert answer.data == by_fields
+            assert list(answer.data) == list(by_fields)
 
 
 def test_rounds_tiers_balance_and_ledger(world):
