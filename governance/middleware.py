@@ -87,12 +87,15 @@ class ReadOnlyRolesMiddleware:
         if request.method in SAFE_METHODS:
             return self.get_response(request)
         caller = _caller(request)
-        view = _url_name(request)
-        if caller is not None and is_auditor(caller) and view not in OPEN_TO_AUDITORS:
+        if caller is not None and is_auditor(caller) and _url_name(request) not in OPEN_TO_AUDITORS:
             response = _refusal(request)
         else:
             response = self.get_response(request)
         if response.status_code == 403:
+            # The view's name as Django resolved it for the view, or resolved here when no
+            # view ran; every other request goes without a second resolution.
+            match = getattr(request, "resolver_match", None)
+            view = (match.view_name or "") if match is not None else _url_name(request)
             # An API view authenticates by itself; DRF puts its user on the request (or,
             # for an auditor's token it refused, on ``refused_user``).
             user = getattr(request, "user", None)
