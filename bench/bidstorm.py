@@ -82,7 +82,9 @@ def _env(url: str, redis: str) -> dict[str, str]:
     env.update(
         DATABASE_URL=url,
         CELERY_BROKER_URL=redis,
-        CACHE_URL=redis.rsplit("/", 1)[0] + "/13",
+        # The rate-limit counters share the broker's Redis database (flushed at the start), so
+        # a run touches no database but the one it is given.
+        CACHE_URL=redis,
         DEBUG="0",
         SECRET_KEY="bench-" + uuid.uuid4().hex,
         GPUMARKET_AUDIT_KEYS="bench:" + uuid.uuid4().hex,
@@ -105,7 +107,9 @@ def _env(url: str, redis: str) -> dict[str, str]:
 def _gunicorn(app: str, port: int, workers: int, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "gunicorn", app, "--bind", f"127.0.0.1:{port}",
-         "--workers", str(workers), "--log-level", "warning"],
+         "--workers", str(workers), "--log-level", "warning",
+         # On a loaded host a worker's first import can take longer than the default 30 s.
+         "--timeout", "300"],
         cwd=ROOT, env=env, start_new_session=True,
     )  # fmt: skip
 
@@ -113,7 +117,7 @@ def _gunicorn(app: str, port: int, workers: int, env: dict[str, str]) -> subproc
 def _wait_http(url: str, proc: subprocess.Popen) -> None:
     import requests
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited early ({url})")
