@@ -287,6 +287,8 @@ def _plan_realise(
         running=state.running,
         restart_share=config.restart_seconds / round_seconds,
         lease=lease_rounds(config.restart_seconds, round_seconds),
+        remaining=state.remaining,
+        round_seconds=round_seconds,
     )
     ledger.record(placed)
     gpus = {j.id: ({placed[j.id]: float(j.scale)} if j.id in placed else {}) for j in active}

@@ -16,12 +16,14 @@ Two job models:
   long runs, so that restarts cost little: a gang that starts keeps its type for a *lease*
   of L = ceil(r / (1 % x R)) rounds (17 for 60 s in 6-minute rounds: each restart then costs
   at most 1 % of the run it starts) unless it finishes first or a new plan gives it no share
-  of that type. The other places go by priority entitled / (received + 1/2), entitled being
-  target x (rounds + 1) plus what the job is owed from earlier plans (negative if it ran past
-  its share: a lease can outlast a plan, and the shares hold across plans), so a job not yet
-  run under a new plan is not put before every other; an incumbent's priority on its type is
-  multiplied by 1 + r / R, its restart value; free GPUs go first to incumbents on the type
-  they ran on. With r = 0 nothing changes (no lease, Gavel's priority).
+  of that type; once the lease is over it runs on to its end if its work there would take
+  less than r / 1 % (a restart for what is left would cost more than 1 % of that run) and
+  that leaves it at most a lease ahead of its planned share there. The other places go by
+  priority entitled / (received + 1/2), entitled being target x (rounds + 1) plus what the
+  job is owed from earlier plans (negative if it ran past its share: a lease can outlast a
+  plan, and the shares hold across plans), so a job not yet run under a new plan is not
+  put before every other; an incumbent's priority on its type is multiplied by 1 + r / R,
+  its restart value; free GPUs go first to incumbents on the type they ran on. With r = 0 nothing changes (no lease, Gavel's priority).
 - ``fluid`` (the relaxation): job m holds X[m, t] x s_m GPUs of every type t at once and
   advances at sum_t T[m, t] X[m, t]; fractional GPUs, types mixed.
 """
@@ -100,12 +102,16 @@ def place_gangs(
     running: Mapping[int, str] | None = None,
     restart_share: float = 0.0,
     lease: int = 1,
+    remaining: Mapping[int, float] | None = None,
+    round_seconds: float = 0.0,
 ) -> dict[int, str]:
     """The GPU type each placed job's whole gang runs on this round (see the module doc).
 
     ``running``: job id -> the type its gang ran on last round; ``restart_share``: the restart
     cost as a share of a round (0 = none: ``running`` is then ignored); ``lease``: rounds a
-    gang keeps its type once started while the plan gives it a share there (1 = none)."""
+    gang keeps its type once started while the plan gives it a share there (1 = none);
+    ``remaining``: job id -> steps left, with ``round_seconds``, for a gang whose lease is
+    over but whose work ends too soon for a later restart to cost at most 1 % of its run."""
     running = running if restart_share > 0 else {}
     entries: list[tuple[float, float, float, float, int, str]] = []
     for job in jobs:
@@ -134,7 +140,20 @@ def place_gangs(
     for job in jobs if lease > 1 else []:  # gangs within their lease keep their GPUs
         gpu_type, run = ledger.streak.get(job.id, ("", 0))
         if (
-            0 < run < lease
+            0 < run
+            and (
+                run < lease
+                or _runs_to_its_end(
+                    job,
+                    gpu_type,
+                    ledger=ledger,
+                    target=fractions.get(job.id, {}).get(gpu_type, 0),
+                    remaining=remaining,
+                    round_seconds=round_seconds,
+                    restart_share=restart_share,
+                    lease=lease,
+                )
+            )
             and fractions.get(job.id, {}).get(gpu_type, 0) > 0
             and free[gpu_type] >= job.scale
         ):
@@ -159,6 +178,31 @@ def place_gangs(
                 free[gpu_type] -= job.scale
                 break
     return placed
+
+
+def _runs_to_its_end(
+    job: Job,
+    gpu_type: str,
+    *,
+    ledger: Ledger,
+    target: float,
+    remaining: Mapping[int, float] | None,
+    round_seconds: float,
+    restart_share: float,
+    lease: int,
+) -> bool:
+    """Whether a gang whose lease is over keeps its type to its end: its work there ends
+    too soon for a restart to cost at most ``LEASE_OVERHEAD`` of the run it would start
+    (stopping it would only buy a dearer restart later), and running on leaves it at most
+    a lease ahead of its planned share there (the bound a lease itself keeps)."""
+    if remaining is None or round_seconds <= 0:
+        return False
+    seconds_left = remaining[job.id] / job.throughput[gpu_type]
+    rounds_left = seconds_left / round_seconds
+    return (
+        seconds_left * LEASE_OVERHEAD < restart_share * round_seconds
+        and rounds_left - ledger.deficit(job.id, gpu_type, target) <= lease
+    )
 
 
 def fluid_gpus(jobs: list[Job], fractions: Fractions, tiers: Tiers) -> dict[int, dict[str, float]]:

@@ -184,6 +184,39 @@ def test_each_restart_loses_restart_seconds_of_progress():
     assert max(o.finish for o in free.jobs) == pytest.approx(72_000)
 
 
+@pytest.mark.parametrize(
+    ("rounds_left", "runs_on"),
+    [
+        (5, True),  # a restart would cost 3.3 % of a 30-minute run: it runs on to its end
+        (16, False),  # 1.6 h more would leave it more than a lease ahead of its half share
+        (20, False),  # 2 h: a restart later costs under 1 % of that run
+    ],
+)
+def test_a_gang_whose_work_ends_soon_after_its_lease_runs_on_to_its_end(rounds_left, runs_on):
+    # Two equal jobs share one GPU under max-min in leases of 17 rounds; the first has
+    # ``rounds_left`` rounds of work left when its first lease ends.
+    jobs = [
+        Job(
+            id=i,
+            job_type="x",
+            scale=1,
+            steps=(17 + rounds_left) * ROUND if i == 0 else 100 * ROUND,
+            arrival=0.0,
+            tenant=i,
+            throughput={"v100": 1.0},
+        )
+        for i in range(2)
+    ]
+    config = SimConfig(tiers={"v100": 1}, tenants=2, round_minutes=6, restart_seconds=60)
+    first = simulate(jobs, policy="gavel-maxmin", config=config).jobs[0]
+    if runs_on:
+        assert first.preemptions == 0
+        assert first.finish == pytest.approx((17 + rounds_left) * ROUND)
+    else:
+        assert first.preemptions == 1  # stopped for the other's turn, a lease or more
+        assert first.finish >= (2 * 17 + rounds_left) * ROUND + 60
+
+
 def test_a_baseline_that_moves_a_gang_pays_the_restart_too():
     # FIFO never preempts; a Gavel policy time-shares and pays.
     jobs = [
