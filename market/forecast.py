@@ -148,7 +148,9 @@ def _ets(y: np.ndarray, horizon: int, day: int) -> np.ndarray:
     from statsmodels.tsa.holtwinters import ExponentialSmoothing
 
     _, period = _season(len(y), day)
-    if period == 1:
+    # statsmodels' heuristic start needs 10 + 2 * (period // 2) rounds besides two seasons:
+    # fewer, with long rounds, and the season cannot be started.
+    if period == 1 or len(y) < 10 + 2 * (period // 2):
         return _damped(y, horizon)
     # The heuristic start (from the first seasons) instead of fitting a weekly season's 168
     # starting values, and no brute-force grid before the optimiser: ten times faster, the

@@ -191,3 +191,16 @@ def test_rounds_per_day_is_the_daily_season():
     assert rounds_per_day(7 * 24 * 60) == 1
     with pytest.raises(ValueError, match="at least 1 minute"):
         rounds_per_day(0)
+
+
+@pytest.mark.parametrize(("day", "rounds"), [(3, 6), (3, 11), (2, 10), (1, 14), (1, 15)])
+def test_a_season_too_short_to_start_ets_gives_the_damped_trend_not_an_error(day, rounds):
+    # statsmodels starts a seasonal ETS from at least 10 + 2 * (period // 2) rounds; with long
+    # rounds (a day of 3 eight-hour rounds, a week of 7 daily ones) a history can have two
+    # seasons and fewer rounds than that, at the backtest's first origins or on the page.
+    history = np.random.default_rng(rounds).poisson(4, rounds).astype(float)
+    ahead = model_forecast(ETS, history, horizon=5, day=day)
+    damped = model_forecast(ETS, history, horizon=5, day=rounds)  # a day too long to see
+    assert ahead == pytest.approx(damped)
+    forecast = demand_forecast(history, horizon=5, rounds_per_day=day)
+    assert len(forecast.p50) == 5 and all(np.isfinite(forecast.p50))
