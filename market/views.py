@@ -64,11 +64,12 @@ from tenants.selectors import budgets_active
 
 PRICE_HISTORY_ROUNDS = 48
 # The forecast is fitted on up to three weeks of rounds (two show the weekly season, the third
-# scores a week ahead), at most 2,016 (a week of 5-minute rounds, a second a tier to fit);
-# the chart shows the last four days of them and one day ahead, between 6 and 48 rounds. It
-# needs a day of rounds, so that the seasonal-naive rule has a day to copy.
+# scores a week ahead), at most 1,152 (four days of 5-minute rounds): 15-minute rounds keep a
+# daily season, whose fit takes a second or two a tier, where a weekly one (672 rounds) took
+# 14 s. The chart shows the last four days of them and one day ahead, between 6 and 48
+# rounds. It needs a day of rounds, so that the seasonal-naive rule has a day to copy.
 FORECAST_FIT_DAYS = 21
-FORECAST_MAX_HISTORY = 2016
+FORECAST_MAX_HISTORY = 1152
 FORECAST_SHOWN_DAYS = 4
 FORECAST_HORIZON = (6, 48)
 FORECAST_MIN_ROUNDS = 3
