@@ -14,10 +14,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from audit.chain import GENESIS_HASH, event_hash, fields_of
+from audit.chain import FIELDS, GENESIS_HASH, canonical_encoded, json_text, mac
 from audit.keys import signing_key
 from audit.models import AuditEvent
-from core.rows import rows_insert
+from core.rows import COPY_FROM_ROWS, rows_copy, rows_insert
 
 # Any fixed 64-bit key: the advisory lock that serialises appends to the chain on PostgreSQL.
 # A caller that takes it and reads the head itself (``audit_chain_head(CHAIN_LOCK_KEY)``, in a
@@ -99,6 +99,10 @@ def batch(*, head: tuple[int, str] | None = None) -> Iterator[None]:
 
 
 def _append(events: list[AuditEvent], *, head: tuple[int, str] | None = None) -> None:
+    """Chain ``events`` onto the head, in order, and insert them. Each event's ``before`` and
+    ``after`` are encoded once (``json_text``), for its hash and, where the events go by COPY,
+    for the row: a round's 20,000 events encoded them twice and went through a model
+    object's fields one by one (``rows_insert``)."""
     if not events:
         return
     if head is None:
@@ -106,12 +110,56 @@ def _append(events: list[AuditEvent], *, head: tuple[int, str] | None = None) ->
     else:
         seq, prev_hash = (0, GENESIS_HASH) if head[0] is None else head
     key_id, key = signing_key()
+    rows = []
     for event in events:
         seq += 1
+        before, after = json_text(event.before), json_text(event.after)
         event.seq, event.prev_hash, event.key_id = seq, prev_hash, key_id
-        event.hash = event_hash(key=key, **fields_of(event))
-        prev_hash = event.hash
-    rows_insert(events)
+        event.hash = prev_hash = mac(
+            key,
+            canonical_encoded(
+                seq=seq,
+                created_at=event.created_at,
+                actor_id=event.actor_id,
+                actor_label=event.actor_label,
+                tenant_id=event.tenant_id,
+                action=event.action,
+                object_type=event.object_type,
+                object_id=event.object_id,
+                before=before,
+                after=after,
+                prev_hash=event.prev_hash,
+                key_id=key_id,
+            ),
+        )
+        rows.append(
+            (
+                seq,
+                event.created_at,
+                event.actor_id,
+                event.actor_label,
+                event.tenant_id,
+                event.action,
+                event.object_type,
+                event.object_id,
+                None if event.before is None else before,  # SQL NULL, as a save writes None
+                None if event.after is None else after,
+                event.prev_hash,
+                key_id,
+                event.hash,
+            )
+        )
+    if connection.vendor != "postgresql" or len(events) < COPY_FROM_ROWS:
+        rows_insert(events)  # one INSERT: fewer statements than COPY for a few events
+        return
+    keys = rows_copy(AuditEvent, _EVENT_FIELDS, rows, as_text=("before", "after"))
+    for event, pk in zip(events, keys, strict=True):
+        event.pk = pk
+        event._state.adding = False
+        event._state.db = connection.alias
+
+
+_EVENT_FIELDS = (*FIELDS, "hash")  # by attribute name (actor_id), as a row of _append
 
 
 _UNSET = {"id": None, "seq": None, "prev_hash": "", "key_id": "", "hash": ""}

@@ -95,7 +95,13 @@ def rows_insert(objs: Sequence[Model]) -> None:
         obj._state.db = alias
 
 
-def rows_copy(model: type[Model], names: Sequence[str], rows: Sequence[Sequence]) -> list[int]:
+def rows_copy(
+    model: type[Model],
+    names: Sequence[str],
+    rows: Sequence[Sequence],
+    *,
+    as_text: Sequence[str] = (),
+) -> list[int]:
     """Insert ``rows`` (tuples of values for the fields ``names``, in that order; a foreign key
     given by its id) as new rows of ``model`` with database-generated primary keys, in the
     caller's transaction and in order; returns their keys.
@@ -108,6 +114,9 @@ def rows_copy(model: type[Model], names: Sequence[str], rows: Sequence[Sequence]
     are written as given (prepared by their field where it is not a plain integer, string,
     boolean or key). Same statements as ``rows_insert``: COPY on PostgreSQL,
     ``bulk_create`` elsewhere and for fewer than COPY_FROM_ROWS rows.
+
+    ``as_text``: fields whose values are given as the text COPY writes (a JSON field's value
+    already encoded, say), which only COPY takes: PostgreSQL and COPY_FROM_ROWS rows or more.
     """
     if not rows:
         return []
@@ -123,6 +132,8 @@ def rows_copy(model: type[Model], names: Sequence[str], rows: Sequence[Sequence]
     alias = router.db_for_write(model)
     connection = connections[alias]
     if connection.vendor != "postgresql" or len(rows) < COPY_FROM_ROWS:
+        if as_text:
+            raise ValueError("rows_copy: values as text go only by COPY (PostgreSQL)")
         attnames = [f.attname for f in fields]
         objs = [model(**dict(zip(attnames, row, strict=True))) for row in rows]
         model._default_manager.db_manager(alias).bulk_create(objs, batch_size=CREATE_ROWS)
@@ -131,7 +142,7 @@ def rows_copy(model: type[Model], names: Sequence[str], rows: Sequence[Sequence]
     defaults = [
         f.get_db_prep_save(now if _set_on_insert(f) else f.get_default(), connection) for f in rest
     ]
-    prepare = [None if type(f) in _AS_HELD else f for f in fields]
+    prepare = [None if type(f) in _AS_HELD or f.name in as_text else f for f in fields]
 
     def values(row: Sequence) -> list:
         return [

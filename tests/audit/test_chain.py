@@ -211,3 +211,28 @@ def test_a_recorded_event_has_every_field_and_reads_back_as_recorded():
     assert [getattr(stored, f) for f in fields] == [getattr(event, f) for f in fields]
     assert (stored.object_id, stored.before, stored.tenant_id) == ("7", {"b": [1, "é"]}, None)
     assert chain_verify().ok
+
+
+def test_a_batch_large_enough_for_copy_reads_back_as_recorded():
+    from core.rows import COPY_FROM_ROWS
+
+    with transaction.atomic(), audit.batch():
+        recorded = [
+            audit.record(
+                actor="test",
+                action="test.copied",
+                object_id=i,
+                before=None if i % 2 else {"i": i, "name": "é\t\\n"},
+                after=[i, None, {"b": True}],
+            )
+            for i in range(COPY_FROM_ROWS + 5)
+        ]
+    fields = [f.attname for f in AuditEvent._meta.concrete_fields]
+    stored = {e.pk: e for e in AuditEvent.objects.filter(action="test.copied")}
+    assert len(stored) == len(recorded)
+    for event in recorded:
+        assert [getattr(stored[event.pk], f) for f in fields] == [getattr(event, f) for f in fields]
+    # None is SQL NULL, as a save writes it, not a JSON null
+    odd = AuditEvent.objects.filter(action="test.copied", before__isnull=True).count()
+    assert odd == len(recorded) // 2
+    assert chain_verify().ok
