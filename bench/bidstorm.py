@@ -251,10 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     policy_activate(version=version, actor=None)
     now = timezone.now()
     rnd = round_open_next(now=now)
-    phases = 2 * args.place_seconds + args.seconds + 60 + 8 * args.slices  # start-up margins
-    # The benchmark's round closes when the storm ends: its close is moved up (bench only).
-    close_at = now + timedelta(seconds=phases)
-    Round.objects.filter(pk=rnd.pk).update(closes_at=close_at)
+    # The benchmark's round closes when the storm ends (bench only): open through the start
+    # and the throughput phases, however long a loaded host takes, then moved up to the
+    # storm's end when the storm starts.
+    Round.objects.filter(pk=rnd.pk).update(closes_at=now + timedelta(hours=1))
     tokens = []
     for t in range(args.tenants):
         tenant = tenant_create(name=f"Storm {t}", actor=None)
@@ -333,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
                 cwd=ROOT, env=dict(env, GPUMARKET_NODE_TOKEN=token),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             ))  # fmt: skip
-        storm_seconds = max(5, int((close_at - timezone.now()).total_seconds()) - 1)
+        close_at = timezone.now() + timedelta(seconds=args.seconds + 1)
+        Round.objects.filter(pk=rnd.pk).update(closes_at=close_at)
+        storm_seconds = args.seconds
         storm = _locust(web_url, users=args.users, seconds=storm_seconds, mode="storm",
                         env=env, prefix=out / "storm")  # fmt: skip
         ticks = threading.Thread(target=_ticks, args=(redis, stop_ticks), daemon=True)
