@@ -307,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
             str(args.workers),
             "--log-level",
             "warning",
+            # On a loaded host a worker's first import can take longer than the default 30 s.
+            "--timeout",
+            "300",
         ],
         cwd=ROOT,
         env=env,
@@ -316,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import requests
 
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 300
         while True:
             try:
                 if requests.get(base + INGEST, timeout=1).status_code == 405:
