@@ -70,7 +70,7 @@ def canonical(
 def json_text(value: Any) -> str:
     """``value`` as the canonical form writes it: sorted keys, no whitespace. Also valid text
     for a JSON column, so an event's ``before`` and ``after`` are encoded once for both."""
-    return _ENCODER.encode(value)
+    return "null" if value is None else _ENCODER.encode(value)
 
 
 def canonical_encoded(*, before: str, after: str, **fields: Any) -> bytes:
