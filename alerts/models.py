@@ -23,12 +23,13 @@ class AlertPreference(models.Model):
 
 class Webhook(models.Model):
     """A team's endpoint: each digest of the categories it takes is POSTed there, signed
-    with HMAC-SHA256 under ``secret`` (shown to the manager once, kept to sign)."""
+    with HMAC-SHA256 under its secret (shown to the manager once, kept sealed to sign:
+    ``core.sealed``)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="webhooks")
     url = models.URLField(max_length=500)
     categories = models.JSONField(default=list)
-    secret = models.CharField(max_length=64)
+    secret_sealed = models.TextField()
     active = models.BooleanField(default=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"

@@ -34,6 +34,7 @@ from alerts.errors import AlertError
 from alerts.kinds import CATEGORIES, category
 from alerts.models import AlertPreference, Delivery, DigestCursor, Webhook
 from alerts.safety import webhook_url_check
+from core.sealed import SealBroken, seal, unseal
 from tenants.access import access_object
 from tenants.models import Membership, Notification, Tenant
 
@@ -93,7 +94,7 @@ def webhook_create(
         )
     secret = secrets.token_hex(32)
     hook = Webhook.objects.create(
-        tenant=tenant, url=url, categories=chosen, secret=secret, created_by=actor
+        tenant=tenant, url=url, categories=chosen, secret_sealed=seal(secret), created_by=actor
     )
     audit.record(
         actor=actor,
@@ -326,6 +327,17 @@ def signature(secret: str, *, timestamp: str, body: bytes) -> str:
     return "sha256=" + mac.hexdigest()
 
 
+def _secret(hook: Webhook) -> str:
+    try:
+        return unseal(
+            hook.secret_sealed,
+            what=f"webhook {hook.pk}'s signing secret",
+            remedy="create the webhook again for a new secret",
+        )
+    except SealBroken as exc:
+        raise AlertError(str(exc)) from exc
+
+
 def _webhook_post(delivery: Delivery) -> int:
     hook = delivery.webhook
     if hook is None or not hook.active:
@@ -342,7 +354,7 @@ def _webhook_post(delivery: Delivery) -> int:
             "Content-Type": "application/json",
             "User-Agent": "gpumarket-webhook",
             TIMESTAMP_HEADER: stamp,
-            SIGNATURE_HEADER: signature(hook.secret, timestamp=stamp, body=body),
+            SIGNATURE_HEADER: signature(_secret(hook), timestamp=stamp, body=body),
         },
         timeout=settings.GPUMARKET_WEBHOOK_TIMEOUT_SECONDS,
         allow_redirects=False,

@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.handlers import Message
+from django.db import connection
 
 from alerts.errors import AlertError
 from alerts.kinds import category
@@ -212,6 +213,39 @@ def test_a_webhook_digest_is_signed_so_the_receiver_can_check_it(receiver):
     # The secret is never written to the audit log.
     event = AuditEvent.objects.get(action="alerts.webhook_create")
     assert secret not in json.dumps(event.after)
+
+
+def test_a_webhook_secret_is_sealed_at_rest_and_opens_after_a_key_rotation(receiver, settings):
+    # A copy of the database alone must not let anyone sign as the platform: the secret is
+    # kept sealed under a key derived from SECRET_KEY, and a rotated key (the old one kept in
+    # SECRET_KEY_FALLBACKS) still opens it.
+    team, manager, _ = _team_with_people()
+    server = receiver()
+    hook, secret = webhook_create(tenant=team, actor=manager, url=server.url, categories=["pauses"])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM alerts_webhook WHERE id = %s", [hook.pk])
+        row = cursor.fetchone()
+    assert not any(secret in str(value) for value in row)
+    settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
+    settings.SECRET_KEY = "a-new-key-" + "x" * 50
+    _notice(team, "work_paused", "Job 12 was paused")
+    digest_run()
+    delivery = Delivery.objects.get(channel=Delivery.Channel.WEBHOOK)
+    assert delivery_send(delivery_id=delivery.pk).status == Delivery.Status.SENT
+    ((headers, body),) = server.requests
+    stamp = headers[TIMESTAMP_HEADER]
+    mac = hmac.new(secret.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    assert headers[SIGNATURE_HEADER] == "sha256=" + mac
+    # With the old key gone, the delivery fails with what to do, not a 500 or a wrong signature.
+    settings.SECRET_KEY_FALLBACKS = []
+    _notice(team, "work_paused", "Job 13 was paused")
+    digest_run()
+    second = Delivery.objects.filter(channel=Delivery.Channel.WEBHOOK).latest("pk")
+    failed = delivery_send(delivery_id=second.pk)
+    assert failed.status != Delivery.Status.SENT
+    second.refresh_from_db()
+    assert "create the webhook again" in second.last_error
+    assert len(server.requests) == 1
 
 
 @pytest.mark.parametrize(
