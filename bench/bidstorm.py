@@ -251,10 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     policy_activate(version=version, actor=None)
     now = timezone.now()
     rnd = round_open_next(now=now)
-    # The benchmark's round closes when the storm ends (bench only): open through the start
-    # and the throughput phases, however long a loaded host takes, then moved up to the
-    # storm's end when the storm starts.
-    Round.objects.filter(pk=rnd.pk).update(closes_at=now + timedelta(hours=1))
+    # The benchmark's round closes when the storm ends (bench only): open until its window
+    # starts through the start and the throughput phases, however long a loaded host takes,
+    # then moved up to the storm's end when the storm starts.
+    Round.objects.filter(pk=rnd.pk).update(closes_at=rnd.starts_at)
     tokens = []
     for t in range(args.tenants):
         tenant = tenant_create(name=f"Storm {t}", actor=None)
@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                 cwd=ROOT, env=dict(env, GPUMARKET_NODE_TOKEN=token),
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             ))  # fmt: skip
-        close_at = timezone.now() + timedelta(seconds=args.seconds + 1)
+        close_at = min(rnd.starts_at, timezone.now() + timedelta(seconds=args.seconds + 1))
         Round.objects.filter(pk=rnd.pk).update(closes_at=close_at)
         storm_seconds = args.seconds
         storm = _locust(web_url, users=args.users, seconds=storm_seconds, mode="storm",
