@@ -13,8 +13,8 @@ rows costs with no work per row in Python: ``orders_bid``'s ratio to it is the s
 opening spent writing. ``--one-by-one`` adds the older anchor, the same bids placed one by
 one with ``bid_place`` (what a script per order would do; slow: about 20 s per 1,000).
 
-Prints seconds, bids per second and statements for each way, and the ratio. The figures go
-to bench/RESULTS.md.
+Prints seconds, bids per second and statements for each way, and the ratio, then checks the
+ledger and the audit chain (verify-ledger, verify-audit). The figures go to bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
+    from audit.selectors import chain_verify
     from market.models import Order, Round
     from market.services.bids import bid_place
     from market.services.orders.lifecycle import order_create
@@ -200,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         counts = ", ".join(f"{len(written[t][1])} {t}" for t in WRITTEN)
         print(f"  rows written by orders_bid: {counts}", flush=True)
     assert ledger_verify() == [], "ledger not clean"
+    chain = chain_verify()
+    assert chain.ok, chain.describe()
+    print(f"verify-ledger clean; {chain.describe()}", flush=True)
     assert Order.objects.count() == args.orders
     best = {way: min(r[3] for r in rows if r[1] == way) for way in ways}
     text = ", ".join(f"{way} {best[way]:.3f} s" for way in ways)
