@@ -14,7 +14,7 @@ import numpy as np
 from django.core.cache import cache
 
 from core.ratelimit import CACHE_ERRORS
-from market.forecast import DemandForecast, demand_forecast
+from market.forecast import DemandForecast, demand_forecast, rounds_per_day
 from market.models import Bid, BidLimit, Round, Tier
 
 logger = logging.getLogger(__name__)
@@ -106,6 +106,51 @@ def tier_demand_history(
 
 def _int_or_none(value: object) -> int | None:
     return None if value is None else int(value)
+
+
+# The page's forecast: fitted on up to 21 days of rounds (at most 1,152 of them), shown with
+# the last 4 days, one day ahead (6 to 48 rounds); none before a day of rounds has settled.
+FORECAST_FIT_DAYS = 21
+FORECAST_MAX_HISTORY = 1152
+FORECAST_SHOWN_DAYS = 4
+FORECAST_HORIZON = (6, 48)
+FORECAST_MIN_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class ForecastSetup:
+    """What the market page forecasts: the settled history per tier and the shape of it."""
+
+    rounds_per_day: int
+    horizon: int  # rounds ahead
+    needed: int  # rounds of history before any forecast
+    history: dict[str, TierHistory]
+
+    @property
+    def rounds(self) -> int:
+        return len(next(iter(self.history.values())).rounds) if self.history else 0
+
+
+def forecast_setup(round_minutes: int) -> ForecastSetup:
+    day = rounds_per_day(round_minutes)
+    return ForecastSetup(
+        rounds_per_day=day,
+        horizon=min(max(day, FORECAST_HORIZON[0]), FORECAST_HORIZON[1]),
+        needed=max(day, FORECAST_MIN_ROUNDS),
+        history=tier_demand_history(rounds=min(FORECAST_FIT_DAYS * day, FORECAST_MAX_HISTORY)),
+    )
+
+
+def demand_forecasts_warm(round_minutes: int) -> int:
+    """Make and keep every tier's forecast the market page will ask for (a worker runs this
+    after a round settles, so the page's first reader does not wait for the fits); returns
+    how many tiers were forecast."""
+    setup = forecast_setup(round_minutes)
+    if setup.rounds < setup.needed:
+        return 0
+    for past in setup.history.values():
+        tier_forecast(past.demand, horizon=setup.horizon, rounds_per_day=setup.rounds_per_day)
+    return len(setup.history)
 
 
 def tier_forecast(history: Sequence[float], *, horizon: int, rounds_per_day: int) -> DemandForecast:

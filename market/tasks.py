@@ -20,6 +20,8 @@ from market import clearing
 from market.clearing.instance.columns import arrays_from_json
 from market.clearing.parts.partition import clear_part
 from market.errors import MarketError
+from market.forecast_selectors import demand_forecasts_warm
+from market.selectors import policy_active_get
 from market.services.tick import round_process, rounds_tick
 
 logger = logging.getLogger(__name__)
@@ -57,6 +59,13 @@ def rounds_tick_task() -> dict:
         "open_round": report.open_round,
         "finished": report.finished,
     }
+
+
+@shared_task(name="market.demand_forecast_warm", ignore_result=True)
+def demand_forecast_warm_task() -> int:
+    """Every tier's demand forecast for the market page, made and cached after a settlement."""
+    policy = policy_active_get()
+    return demand_forecasts_warm(policy.round_minutes if policy else 60)
 
 
 @shared_task(name="market.round_clear", **ROUND_LIMITS)

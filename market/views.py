@@ -36,8 +36,7 @@ from market.charts import (
     supply_demand,
 )
 from market.energy_views import energy_context
-from market.forecast import rounds_per_day
-from market.forecast_selectors import tier_demand_history, tier_forecast
+from market.forecast_selectors import FORECAST_SHOWN_DAYS, forecast_setup, tier_forecast
 from market.forms import BidForm, limit_field_name
 from market.models import Bid, PolicyVersion, Round
 from market.selectors import (
@@ -68,11 +67,6 @@ PRICE_HISTORY_ROUNDS = 48
 # daily season, whose fit takes a second or two a tier, where a weekly one (672 rounds) took
 # 14 s. The chart shows the last four days of them and one day ahead, between 6 and 48
 # rounds. It needs a day of rounds, so that the seasonal-naive rule has a day to copy.
-FORECAST_FIT_DAYS = 21
-FORECAST_MAX_HISTORY = 1152
-FORECAST_SHOWN_DAYS = 4
-FORECAST_HORIZON = (6, 48)
-FORECAST_MIN_ROUNDS = 3
 
 
 # Reads used by several pages --------------------------------------------------------------
@@ -99,13 +93,12 @@ def demand_forecast_charts(policy: PolicyVersion | None) -> dict:
     """Per active tier: past demand, the forecast with its P10-P90 band, capacity and price,
     as charts; or, before a day of rounds has settled, a note saying how many there are."""
     round_minutes = policy.round_minutes if policy else 60
-    day = rounds_per_day(round_minutes)
-    horizon = min(max(day, FORECAST_HORIZON[0]), FORECAST_HORIZON[1])
-    needed = max(day, FORECAST_MIN_ROUNDS)
-    history = tier_demand_history(rounds=min(FORECAST_FIT_DAYS * day, FORECAST_MAX_HISTORY))
-    rounds = len(next(iter(history.values())).rounds) if history else 0
-    context = {"charts": [], "rounds": rounds, "needed": needed, "horizon": horizon}
-    if rounds < needed:
+    setup = forecast_setup(round_minutes)
+    day, horizon, history, rounds = (
+        setup.rounds_per_day, setup.horizon, setup.history, setup.rounds,
+    )  # fmt: skip
+    context = {"charts": [], "rounds": rounds, "needed": setup.needed, "horizon": horizon}
+    if rounds < setup.needed:
         return context
     offered = {t.slug: t.offered for t in tiers_offered()}
     context["shown"] = min(FORECAST_SHOWN_DAYS * day, rounds)

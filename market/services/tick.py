@@ -94,6 +94,7 @@ def rounds_tick(*, now: datetime | None = None) -> TickReport:
             report.errors[round_id] = f"{type(exc).__name__}: {exc}"
     if Round.Status.SETTLED in report.processed.values():
         _digest_request()
+        _forecast_warm_request()
     try:
         report.open_round = round_open_next(now=now, wait=False).pk
     except RoundBusy:
@@ -122,6 +123,18 @@ def rounds_tick(*, now: datetime | None = None) -> TickReport:
 # per recipient: asked for once per tick that settled a round, so a round's results go out
 # as one message each, not one per notice (beat runs the same task as a backstop).
 ALERTS_DIGEST_TASK = "alerts.digest"
+
+
+# The market page's demand forecast is made by a worker once per settled history, not by the
+# page's first reader (its fits take about a second a tier).
+FORECAST_WARM_TASK = "market.demand_forecast_warm"
+
+
+def _forecast_warm_request() -> None:
+    try:
+        current_app.send_task(FORECAST_WARM_TASK)
+    except Exception as exc:  # noqa: BLE001 - the page makes the forecast itself on a miss
+        logger.warning("could not request the demand forecast now (%s); the page makes it", exc)
 
 
 def _digest_request() -> None:

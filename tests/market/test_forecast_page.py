@@ -180,3 +180,37 @@ def test_market_page_before_a_check_says_it_copies_the_day_before(client, team):
     assert text.startswith("seasonal naive, fitted on the last 4 rounds")
     assert "no such check yet (it needs three days of rounds)" in text
     assert "(until then, of the changes within the history)" in text
+
+
+@pytest.mark.django_db
+def test_a_settlement_has_a_worker_make_the_forecast_so_the_page_fits_nothing(
+    client, team, monkeypatch
+):
+    # The fits take about a second a tier: the first reader after a round settled waited
+    # for them. A tick that settles a round asks a worker for them by name; once it has
+    # made them, the page only reads them.
+    import market.services.tick as tick
+    from market.tasks import demand_forecast_warm_task
+
+    cache.clear()
+    market = market_make(round_minutes=24 * 60)
+    credits_grant(tenant=team[0], amount=10_000 * MILLI, actor=market.admin, reason="test")
+    rnd = market.round
+    for quantity in (1, 3, 2, 1):
+        _bid(team, rnd, quantity=quantity, limits={"a100": 3000})
+        rnd = _settle(rnd)
+    _bid(team, rnd, quantity=2, limits={"a100": 3000})
+    sent = []
+    monkeypatch.setattr(tick.current_app, "send_task", lambda name, **kw: sent.append(name))
+    tick.rounds_tick(now=rnd.closes_at + timedelta(seconds=1))
+    assert "market.demand_forecast_warm" in sent
+    assert demand_forecast_warm_task() == 2  # a100 and h100
+    calls = []
+    real = selectors.demand_forecast
+    monkeypatch.setattr(
+        selectors, "demand_forecast", lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    )
+    client.force_login(team[1])
+    page = client.get(reverse("market_overview")).content.decode()
+    assert 'id="demand-forecast-1"' in page
+    assert calls == []
