@@ -184,7 +184,7 @@ def test_market_page_before_a_check_says_it_copies_the_day_before(client, team):
 
 @pytest.mark.django_db
 def test_a_settlement_has_a_worker_make_the_forecast_so_the_page_fits_nothing(
-    client, team, monkeypatch
+    client, team, monkeypatch, sent_tasks
 ):
     # The fits take about a second a tier: the first reader after a round settled waited
     # for them. A tick that settles a round asks a worker for them by name; once it has
@@ -200,10 +200,8 @@ def test_a_settlement_has_a_worker_make_the_forecast_so_the_page_fits_nothing(
         _bid(team, rnd, quantity=quantity, limits={"a100": 3000})
         rnd = _settle(rnd)
     _bid(team, rnd, quantity=2, limits={"a100": 3000})
-    sent = []
-    monkeypatch.setattr(tick.current_app, "send_task", lambda name, **kw: sent.append(name))
     tick.rounds_tick(now=rnd.closes_at + timedelta(seconds=1))
-    assert "market.demand_forecast_warm" in sent
+    assert sent_tasks.of("market.demand_forecast_warm") == [[]]
     assert demand_forecast_warm_task() == 2  # a100 and h100
     calls = []
     real = selectors.demand_forecast
