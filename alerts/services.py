@@ -26,7 +26,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.mail import EmailMessage
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 import audit.services as audit
@@ -370,13 +370,12 @@ def deliveries_resend() -> int:
     (the broker was down when the digest ran). Beat runs it with the digest."""
     now = timezone.now()
     due = list(
-        Delivery.objects.filter(status=Delivery.Status.RETRYING, next_attempt_at__lte=now)
-        .values_list("pk", flat=True)
-        .union(
-            Delivery.objects.filter(
-                status=Delivery.Status.PENDING, created_at__lte=now - timedelta(minutes=5)
-            ).values_list("pk", flat=True)
+        Delivery.objects.filter(
+            Q(status=Delivery.Status.RETRYING, next_attempt_at__lte=now)
+            | Q(status=Delivery.Status.PENDING, created_at__lte=now - timedelta(minutes=5))
         )
+        .order_by("pk")
+        .values_list("pk", flat=True)
     )
     _queue(due)
     return len(due)
