@@ -165,6 +165,7 @@ NO_NUMBER = {
     "scenarios",
     "approval_approve",  # a note
     "approval_reject",
+    "approval_withdraw",  # no field
     # Checkboxes of categories and a URL: refusals in tests/alerts/test_alerts.py.
     "alerts",
     "alert_webhook_new",
@@ -419,6 +420,7 @@ def _recipes(world) -> dict[str, tuple[str, str, dict]]:
             "tenant": str(world["tenant"].pk), "weight": "2", "justification": "walk"}),
         "approval_approve": ("admin", reverse("approval_approve", args=[1]), {"note": "walk"}),
         "approval_reject": ("admin", reverse("approval_reject", args=[1]), {"note": "walk"}),
+        "approval_withdraw": ("admin", reverse("approval_withdraw", args=[1]), {}),
         "team_requests": ("manager", reverse("team_requests"), {
             "amount": "10", "reason": "walk", "justification": "walk"}),
     }  # fmt: skip

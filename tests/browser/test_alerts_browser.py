@@ -11,6 +11,7 @@ import pytest
 
 from alerts.models import AlertPreference, Delivery, Webhook
 from alerts.services import delivery_send, digest_run
+from core.sealed import unseal
 from tenants.models import Membership, Notification
 from tests import factories
 from tests.browser.conftest import login, shot
@@ -68,8 +69,10 @@ def test_a_manager_sets_up_alerts_and_sees_what_was_sent(page, live_server, sett
     page.check("input[name=categories][value=pauses]")
     page.click("button:text-is('Add webhook')")
     page.wait_for_selector("#webhook-secret")
-    secret = Webhook.objects.get().secret
+    hook = Webhook.objects.get()
+    secret = unseal(hook.secret_sealed, what="the test's webhook", remedy="-")
     assert secret in page.inner_text("#webhook-secret")
+    assert secret not in hook.secret_sealed
 
     Notification.objects.create(tenant=team, kind="work_paused", message="Job 12 was paused")
     digest_run()
