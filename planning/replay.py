@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.money import cost_ceil
+from core.money import cost_ceil, cost_floor
 from market.clearing import ClearingError
 from market.models import PolicyVersion
 from market.services.round_clearing import RoundData, round_replay
@@ -225,7 +225,7 @@ def replay(
     everyone = _teams(teams, bidders, demand)
     seconds = int(round(round_hours * 3600))
     carry: dict[tuple[str, str], float] = defaultdict(float)
-    spend: dict[str, float] = defaultdict(float)
+    spend: dict[str, int] = defaultdict(int)
     for done, r in enumerate(indices, start=1):
         asks, asked = _round_asks(
             r, tiers=tiers, demand=demand, bidders=bidders, priorities=priorities or {},
@@ -240,7 +240,8 @@ def replay(
         for bid_id, slug, gpus in outcome["awards"]:
             ask = asks[bid_id - 1]
             paid = min(outcome["prices"][slug], ask.limit)
-            spend[ask.tenant] += gpus * paid * round_hours * result.weight
+            charge = cost_floor(gpus=gpus, price=paid, seconds=seconds)
+            spend[ask.tenant] += charge * result.weight
         for tier in tiers:
             result.tiers[tier.slug].append(
                 TierRound(
@@ -252,7 +253,7 @@ def replay(
             )
         if progress is not None:
             progress(done, len(indices))
-    result.spend = {tenant: int(round(amount)) for tenant, amount in sorted(spend.items())}
+    result.spend = dict(sorted(spend.items()))
     return result
 
 
