@@ -179,17 +179,34 @@ def hard_cap_admit(
     if not hard:
         return {}
     spent = {b.pk: budget_usage(budget=b, at=at).spent for b in hard}
+    left_out, taken = hard_cap_walk(hard=hard, spent=spent, commitments=commitments)
+    return {
+        key: _left_out_why(short, spent[short.pk], before, amount)
+        for key, (short, amount, before) in left_out.items()
+    }
+
+
+def hard_cap_walk(
+    *,
+    hard: list[Budget],
+    spent: dict[int, int],
+    commitments: list[tuple[int, int | None, int]],
+) -> tuple[dict[int, tuple[Budget, int, list[tuple[int, int]]]], dict[int, list[tuple[int, int]]]]:
+    """``hard_cap_admit``'s walk over ``commitments`` in order, for callers that hold the caps
+    and their spend already: ({id: (the first cap it does not fit, its amount, the admitted
+    commitments before it under that cap)} for those left out, {cap id: [(id, amount)] of
+    every commitment admitted under it})."""
     taken: dict[int, list[tuple[int, int]]] = {b.pk: [] for b in hard}
-    left_out: dict[int, str] = {}
+    left_out: dict[int, tuple[Budget, int, list[tuple[int, int]]]] = {}
     for key, campaign_id, amount in commitments:
         applicable = [b for b in hard if b.campaign_id in (None, campaign_id)]
         short = next((b for b in applicable if amount > _room(b, spent, taken)), None)
         if short is not None:
-            left_out[key] = _left_out_why(short, spent[short.pk], taken[short.pk], amount)
+            left_out[key] = (short, amount, list(taken[short.pk]))
             continue
         for b in applicable:
             taken[b.pk].append((key, amount))
-    return left_out
+    return left_out, taken
 
 
 def _room(budget: Budget, spent: dict[int, int], taken: dict[int, list[tuple[int, int]]]) -> int:

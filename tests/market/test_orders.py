@@ -405,3 +405,21 @@ def test_an_order_holds_no_escrow_its_teams_hard_cap_would_leave_out(market, tea
     assert big.hold_reason.startswith("the day hard cap of 4.000 credits has 4.000 left")
     assert Bid.objects.get(order=small).escrow == 3000
     assert balance_get(tenant=tenant).escrow == 3000
+
+
+def test_an_order_made_mid_round_counts_the_rounds_bids_already_under_the_hard_cap(market, team):
+    """The clearing admits a team's bids oldest first under its hard cap (hard_cap_admit):
+    an order created after the opening must see the room its team's earlier bids in the
+    round already take, or it holds escrow for a bid the clearing leaves out."""
+    tenant, user = team
+    admin = factories.admin_user("capper")
+    budget_set(actor=admin, tenant=tenant, window="day", cap=4_000, mode="hard")
+    bid_place(user=user, tenant=tenant, round=market.round, quantity=1,
+              limits={"a100": 1000}, now=T0)  # fmt: skip  # may cost 1.000
+    first = _order(team, name="first", gpus=1, values={"a100": 2500})  # may cost 2.500
+    second = _order(team, name="second", gpus=1, values={"a100": 2000})  # 2.000 > 0.500 left
+    assert Bid.objects.get(order=first).escrow == 2500
+    second.refresh_from_db()
+    assert not Bid.objects.filter(order=second).exists()
+    assert second.hold_reason.startswith("the day hard cap of 4.000 credits has 0.500 left")
+    assert balance_get(tenant=tenant).escrow == 3500

@@ -204,7 +204,7 @@ def _opening_read(
         tier_of=tier_of,
         holding=holding,
         held_by=incumbents(order_ids=in_scope, ends_at=rnd.starts_at),
-        purses=purses_read({row.tenant_id for row in rows}, now=now),
+        purses=purses_read({row.tenant_id for row in rows}, rnd=rnd, now=now),
         campaigns=Campaign.objects.in_bulk({row.campaign_id for row in rows} - {None}),
         seconds=window_seconds(rnd),
         reserves={slug: rnd.policy.reserve_for(slug) for slug in tier_of},

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime
 
-from tenants.budgets import budget_usage, tenant_hard_capped
+from market.models import Bid, Round
+from tenants.budgets import budget_usage, hard_cap_walk, tenant_hard_capped
 from tenants.ledger import credits
 from tenants.models import Account, Budget
 
@@ -48,9 +49,9 @@ class Purse:
         return ""
 
 
-def purses_read(tenant_ids: set[int], *, now: datetime) -> dict[int, Purse]:
-    """Each tenant's purse, its ledger accounts locked first (pk order, as every transfer
-    locks them) so what is read stays as read until the holds commit."""
+def purses_read(tenant_ids: set[int], *, rnd: Round, now: datetime) -> dict[int, Purse]:
+    """Each tenant's purse in ``rnd``, its ledger accounts locked first (pk order, as every
+    transfer locks them) so what is read stays as read until the holds commit."""
     accounts = list(
         Account.objects.select_for_update()
         .filter(tenant_id__in=tenant_ids, kind__in=Account.TENANT_KINDS)
@@ -65,6 +66,13 @@ def purses_read(tenant_ids: set[int], *, now: datetime) -> dict[int, Purse]:
     ):
         if budget.campaign_id is None or budget.campaign.starts_at <= now < budget.campaign.ends_at:
             budgets[budget.tenant_id].append(budget)
+    spent = {
+        b.pk: budget_usage(budget=b, at=now).spent
+        for team in budgets.values()
+        for b in team
+        if b.mode == Budget.Mode.HARD
+    }
+    taken = _hard_caps_taken(budgets, spent=spent, rnd=rnd)
     purses = {}
     for tenant_id in tenant_ids:
         safe, capped = [], ""
@@ -74,9 +82,9 @@ def purses_read(tenant_ids: set[int], *, now: datetime) -> dict[int, Purse]:
                 safe.append((budget, budget.cap - usage.committed))
             elif budget.mode == Budget.Mode.HARD:
                 # What the clearing would admit (tenants.budgets.hard_cap_admit): a bid whose
-                # most possible cost fits the room the cap leaves, so no escrow is held for
-                # a bid the cap would leave out.
-                safe.append((budget, budget.cap - budget_usage(budget=budget, at=now).spent))
+                # most possible cost fits the room the cap leaves after the team's bids
+                # already in the round, so no escrow is held for a bid the cap would leave out.
+                safe.append((budget, budget.cap - spent[budget.pk] - taken.get(budget.pk, 0)))
         if any(b.mode == Budget.Mode.HARD for b in budgets.get(tenant_id, [])):
             hard = tenant_hard_capped(tenant=budgets[tenant_id][0].tenant, at=now)
             if hard is not None:
@@ -91,3 +99,28 @@ def purses_read(tenant_ids: set[int], *, now: datetime) -> dict[int, Purse]:
             available=available.get(tenant_id, 0), budgets=safe, capped=capped
         )
     return purses
+
+
+def _hard_caps_taken(
+    budgets: dict[int, list[Budget]], *, spent: dict[int, int], rnd: Round
+) -> dict[int, int]:
+    """{hard cap id: what the team's open bids already in ``rnd`` take of it}, walked as the
+    clearing walks them (oldest first, one that does not fit takes nothing)."""
+    hard = {t: [b for b in bs if b.mode == Budget.Mode.HARD] for t, bs in budgets.items()}
+    hard = {t: bs for t, bs in hard.items() if bs}
+    if not hard:
+        return {}
+    commitments: dict[int, list[tuple[int, int | None, int]]] = defaultdict(list)
+    for tenant_id, pk, campaign_id, escrow in (
+        Bid.objects.filter(round=rnd, status=Bid.Status.OPEN, tenant_id__in=hard)
+        .order_by("pk")
+        .values_list("tenant_id", "pk", "campaign_id", "escrow")
+    ):
+        commitments[tenant_id].append((pk, campaign_id, escrow))
+    taken: dict[int, int] = {}
+    for tenant_id, caps in hard.items():
+        if not commitments[tenant_id]:
+            continue
+        _, admitted = hard_cap_walk(hard=caps, spent=spent, commitments=commitments[tenant_id])
+        taken |= {pk: sum(amount for _, amount in under) for pk, under in admitted.items()}
+    return taken
