@@ -276,6 +276,15 @@ if CACHE_URL.startswith(("redis://", "rediss://")):
             "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
         }
     }
+elif os.environ.get("GPUMARKET_CACHE_DIR"):
+    # The embedded default (the demo): no server, but the worker's and the web's processes
+    # share one cache, so a forecast the worker makes after a settlement is the page's.
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": os.environ["GPUMARKET_CACHE_DIR"],
+        }
+    }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 

@@ -394,6 +394,8 @@ def _environment_set() -> None:
     )
     (var_dir / "logs").mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("GPUMARKET_WEB_LOG", str(var_dir / "logs" / "web.log"))
+    # One cache for the web and the worker (config/settings.py): files under var/.
+    os.environ.setdefault("GPUMARKET_CACHE_DIR", str(var_dir / "cache"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s demo: %(message)s")
 
 

@@ -169,3 +169,24 @@ def test_the_demo_seed_makes_each_teams_orders_once_and_they_win_rounds(tmp_path
     won = Bid.objects.filter(round=rnd, status=Bid.Status.WON)
     assert sorted(won.values_list("order_id", flat=True)) == [o.pk for o in orders]
     assert Order.objects.filter(status=Order.Status.ACTIVE).count() == len(orders)
+
+
+def test_the_demos_worker_and_web_share_one_cache(tmp_path):
+    """What the demo's worker caches (the forecast it makes after a settlement) is read by
+    its web process: two processes with the demo's environment, one writes, the other reads."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CACHE_URL", "GPUMARKET_CACHE_DIR")}
+    env.update(GPUMARKET_VAR_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    script = (
+        "from gpumarket import demo; demo._environment_set(); import django; django.setup(); "
+        "from django.core.cache import cache; import sys; "
+        "cache.set('forecast', 42) if sys.argv[1] == 'set' else print(cache.get('forecast'))"
+    )
+    for step in ("set", "get"):
+        done = subprocess.run(
+            [sys.executable, "-c", script, step],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "42"
+    assert (tmp_path / "cache").is_dir()
