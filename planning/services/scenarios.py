@@ -25,7 +25,7 @@ from django.utils import timezone
 
 import audit.services as audit
 from market import clearing
-from market.forecast import HORIZON_DAYS, SEASONAL_NAIVE
+from market.forecast import rounds_per_day
 from market.forecast_selectors import TierHistory, tier_demand_history
 from market.models import Bid, BidLimit, PolicyVersion, Tier
 from market.selectors import policy_active_get
@@ -263,7 +263,7 @@ def _setting(doc: ScenarioDoc) -> _Setting:
     """The active policy, its round length and mechanism, and the run's shape in rounds."""
     policy = policy_active_get()
     round_minutes = policy.round_minutes if policy else 60
-    per_day = max(1, (24 * 60) // round_minutes)
+    per_day = rounds_per_day(round_minutes)
     horizon = doc.horizon_weeks * 7 * per_day
     return _Setting(
         policy=policy,
@@ -416,19 +416,12 @@ def _backtests(demand: dict[str, TierDemand], slugs: list[str]) -> dict[str, dic
     out = {}
     for slug in slugs:
         forecast = demand[slug].forecast
-        beside = []
-        for label in HORIZON_DAYS:
-            mine, base = (
-                forecast.score(forecast.model, label),
-                forecast.score(SEASONAL_NAIVE, label),
-            )
-            if mine is None or base is None:
-                continue
-            beside.append(
-                {"horizon": label, "origins": mine.origins, "wape_pct": mine.wape_pct,
-                 "mase": mine.mase, "seasonal_naive_wape_pct": base.wape_pct,
-                 "seasonal_naive_mase": base.mase}
-            )  # fmt: skip
+        beside = [
+            {"horizon": mine.horizon, "origins": mine.origins, "wape_pct": mine.wape_pct,
+             "mase": mine.mase, "seasonal_naive_wape_pct": base.wape_pct,
+             "seasonal_naive_mase": base.mase}
+            for mine, base in forecast.beside_baseline()
+        ]  # fmt: skip
         out[slug] = {
             "model": forecast.model,
             "label": forecast.label,
