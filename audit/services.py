@@ -18,6 +18,7 @@ from django.utils import timezone
 from audit.chain import FIELDS, GENESIS_HASH, canonical_encoded, json_text, mac
 from audit.keys import signing_key
 from audit.models import AuditEvent
+from core.prepared import prepared_cursor
 from core.rows import COPY_FROM_ROWS, rows_copy, rows_insert
 
 # Any fixed 64-bit key: the advisory lock that serialises appends to the chain on PostgreSQL.
@@ -154,7 +155,7 @@ def _append(events: list[AuditEvent], *, head: tuple[int, str] | None = None) ->
         rows_insert(events)
         return
     if len(events) < COPY_FROM_ROWS:  # one INSERT: fewer statements than COPY for a few events
-        with connection.cursor() as cursor:
+        with prepared_cursor() as cursor:
             cursor.execute(_insert_sql(len(rows)), [value for row in rows for value in row])
             keys = [pk for (pk,) in cursor.fetchall()]
     else:

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 import audit.services as audit
 from core.money import cost_ceil
+from core.prepared import prepared_cursor
 from market.errors import MarketError, RoundMissing
 from market.models import Bid, BidLimit, Round, Tier
 from market.services._common import MAX_GPUS, MAX_PRICE, now_or, whole
@@ -358,7 +359,7 @@ def _place_in_one_call(
         return None
     quantity, min_quantity, clean = terms
     stamp = timezone.now()
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         budgets_checked = False
         while True:
             cursor.execute(

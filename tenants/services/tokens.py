@@ -19,6 +19,7 @@ from django.utils import timezone
 
 import audit.services as audit
 from core.auth import auditor_group, auditor_known
+from core.prepared import prepared_cursor
 from core.tokens import token_matches, token_mint, token_prefix
 from tenants.access import tenant_of
 from tenants.errors import TenantError
@@ -209,7 +210,7 @@ def _token_read(*, prefix: str) -> ApiToken | None:
     """The active token with ``prefix``, its user, membership and tenant, and the auditor
     answer recorded on the user, as ``select_related`` would have given them."""
     sql, (token_columns, user_columns, membership_columns, tenant_columns) = _token_lookup()
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql, [auditor_group(), prefix])
         row = cursor.fetchone()
     if row is None:
