@@ -179,7 +179,7 @@ def hard_cap_admit(
     if not hard:
         return {}
     spent = {b.pk: budget_usage(budget=b, at=at).spent for b in hard}
-    left_out, taken = hard_cap_walk(hard=hard, spent=spent, commitments=commitments)
+    left_out, _ = hard_cap_walk(hard=hard, spent=spent, commitments=commitments)
     return {
         key: _left_out_why(short, spent[short.pk], before, amount)
         for key, (short, amount, before) in left_out.items()
