@@ -4,6 +4,7 @@ by hand; needs PostgreSQL as for the tests, and drops and recreates its own data
 
     .venv/bin/python bench/orders_open.py [--orders 1000] [--tenants 200] [--repeat 2]
     .venv/bin/python bench/orders_open.py --one-by-one    # also bid_place once per order
+    .venv/bin/python bench/orders_open.py --probe         # and how long audited writes wait
 
 The anchor: every row ``orders_bid`` inserted (bids, their limits, the holds' transfers,
 entries and idempotency records, the audit events), read back as tuples before the clock
@@ -14,14 +15,19 @@ opening spent writing. ``--one-by-one`` adds the older anchor, the same bids pla
 one with ``bid_place`` (what a script per order would do; slow: about 20 s per 1,000).
 
 Prints seconds, bids per second and statements for each way, and the ratio, then checks the
-ledger and the audit chain (verify-ledger, verify-audit). The figures go to bench/RESULTS.md.
+ledger and the audit chain (verify-ledger, verify-audit). With ``--probe``, while
+``orders_bid`` runs, a second connection takes the audit chain's lock every 5 ms, as every
+audited write does (a bid, a grant, an admin's change): the longest it waited is how long the
+opening holds those writes up. The figures go to bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -92,6 +98,39 @@ def bare_copy(connection, rows: dict[str, tuple[list[str], list[tuple]]]) -> flo
     return time.perf_counter() - start
 
 
+class ChainProbe:
+    """Takes the audit chain's lock every 5 ms on a connection of its own, in a thread, and
+    keeps the longest wait: ``with ChainProbe(url, key) as probe: ...; probe.longest``."""
+
+    def __init__(self, url: str, key: int) -> None:
+        self.url, self.key, self.longest, self.probes = url, key, 0.0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._ready = threading.Event()
+
+    def _run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url) as conn:
+            self._ready.set()
+            while not self._stop.is_set():
+                start = time.perf_counter()
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", [self.key])
+                self.longest = max(self.longest, time.perf_counter() - start)
+                self.probes += 1
+                time.sleep(0.005)
+
+    def __enter__(self) -> ChainProbe:
+        self._thread.start()
+        self._ready.wait(timeout=30)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--orders", type=int, default=1000)
@@ -99,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument(
         "--one-by-one", action="store_true", help="also place the bids one by one (slow)"
+    )
+    parser.add_argument(
+        "--probe", action="store_true", help="also how long audited writes wait meanwhile"
     )
     args = parser.parse_args(argv)
     url = os.environ.get("ORDERS_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gm_orders")
@@ -112,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.test.utils import CaptureQueriesContext
 
     from audit.selectors import chain_verify
+    from audit.services import CHAIN_LOCK_KEY
     from market.models import Order, Round
     from market.services.bids import bid_place
     from market.services.orders.lifecycle import order_create
@@ -161,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.repeat):
         written = None
         for way in ways:
-            statements = 0
+            statements, stall = 0, ""
             if way == "bare COPY":
                 placed = len(written["market_bid"][1])
                 seconds = bare_copy(connection, written)
@@ -170,22 +213,28 @@ def main(argv: list[str] | None = None) -> int:
                 rnd = round_open_next(now=now)
                 with connection.cursor() as cursor:
                     since = last_ids(cursor)
-                start = time.perf_counter()
-                with CaptureQueriesContext(connection) as queries:
-                    if way == "orders_bid":
-                        placed = len(orders_bid(round_id=rnd.pk, now=now).bids)
-                    else:
-                        for (tenant, user), values, gpus in terms:
-                            bid_place(
-                                user=user,
-                                tenant=tenant,
-                                round=rnd,
-                                quantity=gpus,
-                                limits=values,
-                                now=now,
-                            )
-                        placed = len(terms)
-                seconds = time.perf_counter() - start
+                probe = (
+                    ChainProbe(url, CHAIN_LOCK_KEY) if args.probe and way == "orders_bid" else None
+                )
+                with probe or contextlib.nullcontext():
+                    start = time.perf_counter()
+                    with CaptureQueriesContext(connection) as queries:
+                        if way == "orders_bid":
+                            placed = len(orders_bid(round_id=rnd.pk, now=now).bids)
+                        else:
+                            for (tenant, user), values, gpus in terms:
+                                bid_place(
+                                    user=user,
+                                    tenant=tenant,
+                                    round=rnd,
+                                    quantity=gpus,
+                                    limits=values,
+                                    now=now,
+                                )
+                            placed = len(terms)
+                    seconds = time.perf_counter() - start
+                if probe:
+                    stall = f", audited writes waited up to {probe.longest:.3f} s"
                 statements = len(queries)
                 if way == "orders_bid":
                     with connection.cursor() as cursor:
@@ -195,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((rep, way, placed, seconds))
             print(
                 f"{rep} {way:10s} {placed:6d} bids {seconds:7.3f} s {placed / seconds:8.0f} "
-                f"bids/s {statements:7d} statements",
+                f"bids/s {statements:7d} statements{stall}",
                 flush=True,
             )
         counts = ", ".join(f"{len(written[t][1])} {t}" for t in WRITTEN)
