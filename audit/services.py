@@ -35,8 +35,10 @@ def _head_locked() -> tuple[int, str]:
     """The seq and hash of the chain's last event (0 and the genesis hash when there is none),
     read under the chain's lock, which is held until the transaction ends."""
     # Appends must be serial for the chain to be linear. On PostgreSQL a transaction-scoped
-    # advisory lock does that without a table lock, and audit_chain_head (migration 0004)
-    # takes it and then reads the head, in one round trip; SQLite already serialises writers.
+    # advisory lock does that without a table lock, and audit_chain_head (migrations 0004,
+    # 0007) runs the transaction's pending foreign-key checks, so that they are not run under
+    # the lock at COMMIT, then takes it and reads the head, in one round trip; SQLite already
+    # serialises writers.
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT seq, hash FROM audit_chain_head(%s)", [_CHAIN_LOCK_KEY])

@@ -8,7 +8,7 @@ import time
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 
 import audit.services as audit
 from audit.checkpoints import checkpoint_write
@@ -187,6 +187,24 @@ def test_an_append_that_waited_for_the_chain_lock_chains_onto_what_its_holder_ap
     assert recorded["second"].seq == recorded["first"].seq + 1
     assert recorded["second"].prev_hash == recorded["first"].hash
     assert chain_verify().ok
+
+
+def test_a_broken_foreign_key_is_refused_before_the_chain_lock_is_taken():
+    """The transaction's deferred foreign-key checks run before the chain's lock is taken, not
+    at COMMIT under it: a batch of thousands of rows then holds the lock, which every audited
+    write waits for, only for its events (bench/orders_open.py --probe). A broken key is
+    refused by the append, before the lock."""
+    with pytest.raises(IntegrityError, match="foreign key"), transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO tenants_entry (transfer_id, account_id, amount) VALUES (%s, %s, 5)",
+                [10**12, 10**12],
+            )
+        audit.record(actor="test", action="test.broken")
+        pytest.fail("the append went ahead with a foreign-key check pending")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+        assert cursor.fetchone()[0] == 0
 
 
 def _waiting_for_an_advisory_lock() -> bool:
