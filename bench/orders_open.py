@@ -103,7 +103,7 @@ class ChainProbe:
     keeps the longest wait: ``with ChainProbe(url, key) as probe: ...; probe.longest``."""
 
     def __init__(self, url: str, key: int) -> None:
-        self.url, self.key, self.longest, self.probes = url, key, 0.0, 0
+        self.url, self.key, self.longest = url, key, 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._ready = threading.Event()
@@ -118,7 +118,6 @@ class ChainProbe:
                 with conn.transaction():
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", [self.key])
                 self.longest = max(self.longest, time.perf_counter() - start)
-                self.probes += 1
                 time.sleep(0.005)
 
     def __enter__(self) -> ChainProbe:
